@@ -1,0 +1,1 @@
+"""Throughput benchmarks; each script prints one JSON line per result."""

@@ -1,0 +1,104 @@
+"""Plans/s of batched ``lj.evaluate`` on the reference scenario vs the plain-Python reference.
+
+    python benchmarks/evaluate_throughput.py [--batches 1024 16384 65536] [--block-groups N]
+
+Prints one JSON line per (resolution, batch) with: benchmark, device_kind, batch, layers,
+block_groups, plans_per_second, compile_seconds, run_seconds, reference_plans_per_second,
+speedup_vs_reference. Compile time is the first call (trace + XLA compile + one run) minus a
+steady-state run; run time is the median of ``--repeats`` steady-state calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+import reference as R  # noqa: E402
+
+import libratio_jax as lj  # noqa: E402
+from libratio_jax.physics.kernel import evaluate_one  # noqa: E402
+from libratio_jax.physics.plan import sample_plans  # noqa: E402
+
+
+def _tile(plans, batch):
+    n = plans.gpus.shape[0]
+    idx = np.arange(batch) % n
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x)[idx]), plans)
+
+
+def reference_rate(sc, plans, n: int) -> float:
+    scp = R.scenario_to_python(sc)
+    py_plans = [R.plan_to_python(plans, b) for b in range(n)]
+    t0 = time.perf_counter()
+    for p in py_plans:
+        R.evaluate(scp, p)
+    return n / (time.perf_counter() - t0)
+
+
+def run(batches, block_groups, repeats: int, reference_plans: int, out: list) -> None:
+    sc = lj.reference_scenario(block_groups=block_groups)
+    base = sample_plans(sc, 4096, seed=0)
+    ref_rate = reference_rate(sc, base, reference_plans)
+    fn = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))
+    for batch in batches:
+        plans = _tile(base, batch)
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(sc, plans))
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(sc, plans))
+            times.append(time.perf_counter() - t0)
+        run_s = statistics.median(times)
+        rate = batch / run_s
+        rec = {
+            "benchmark": "evaluate_throughput",
+            "device_kind": jax.devices()[0].device_kind,
+            "platform": jax.devices()[0].platform,
+            "batch": batch,
+            "tenants": sc.num_tenants,
+            "layers": sc.num_layers,
+            "block_groups": block_groups,
+            "plans_per_second": round(rate, 1),
+            "compile_seconds": round(max(first - run_s, 0.0), 3),
+            "run_seconds": round(run_s, 6),
+            "reference_plans_per_second": round(ref_rate, 2),
+            "speedup_vs_reference": round(rate / ref_rate, 1),
+        }
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1024, 8192, 65536])
+    ap.add_argument("--block-groups", type=int, nargs="+", default=[0, 1],
+                    help="0 = one row per sub-layer per block (full resolution)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference-plans", type=int, default=50)
+    ap.add_argument("--out", default=None, help="write all records to this JSON file")
+    args = ap.parse_args(argv)
+    records: list = []
+    for g in args.block_groups:
+        run(args.batches, g or None, args.repeats, args.reference_plans, records)
+    path = args.out or os.path.join(
+        os.path.dirname(__file__), "results",
+        f"evaluate_throughput_{jax.devices()[0].platform}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""libratio_jax: batched, jittable physics of GPU-cluster allocation plans for RL.
+
+    >>> import libratio_jax as lj
+    >>> sc = lj.reference_scenario()
+    >>> m = lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
+    >>> bool(m.fits.all())
+    True
+"""
+
+from libratio_jax.physics import catalog
+from libratio_jax.physics.architecture import ModelSpec
+from libratio_jax.physics.formats import FORMAT_NAMES, format_id
+from libratio_jax.physics.hardware import ClusterSpec, GpuSpec
+from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one
+from libratio_jax.physics.plan import Plan, validate_plan
+from libratio_jax.physics.scenario import Scenario, Tenant, Workload, reference_scenario
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_NAMES",
+    "ClusterSpec",
+    "GpuSpec",
+    "Metrics",
+    "ModelSpec",
+    "Plan",
+    "Scenario",
+    "Tenant",
+    "Workload",
+    "catalog",
+    "evaluate",
+    "evaluate_one",
+    "format_id",
+    "reference_scenario",
+    "validate_plan",
+]

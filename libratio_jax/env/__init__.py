@@ -1,0 +1,1 @@
+"""Functional multi-agent environment (gymnax conventions). Not built yet: see the issues."""

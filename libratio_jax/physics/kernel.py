@@ -1,0 +1,174 @@
+"""``evaluate(scenario, plan) -> Metrics``: memory, speed, stability and safety of a plan.
+
+:func:`evaluate_one` is the pure function for one plan (jit/vmap/grad-free friendly);
+:func:`evaluate` is the API boundary: it validates concrete inputs once, outside ``jit``, then
+runs a cached jitted ``vmap`` over any leading batch axes of the plan.
+
+Example:
+    >>> import libratio_jax as lj
+    >>> sc = lj.reference_scenario()
+    >>> plans = lj.Plan.stack([lj.Plan.from_choices(sc, [{"gpus": 2}] * 4)] * 3)
+    >>> m = lj.evaluate(sc, plans)
+    >>> m.tokens_per_second.shape
+    (3, 4)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from libratio_jax.physics import formats as F
+from libratio_jax.physics import safety
+from libratio_jax.physics.memory import tenant_memory
+from libratio_jax.physics.plan import Plan, validate_plan
+from libratio_jax.physics.scenario import Scenario
+from libratio_jax.physics.stability import tenant_stability
+from libratio_jax.physics.throughput import tenant_step_time
+
+
+@struct.dataclass
+class Metrics:
+    """Per-tenant fields have shape ``[..., M]`` (``layer_stability``: ``[..., M, L]``);
+    cluster fields ``[...]`` (``gpus_used``: ``[..., P]``). Absent tenants and tenants with no
+    GPUs (``active`` False) report zeros, ``fits`` False for a present tenant with no GPUs.
+    Units: bytes per GPU, seconds, tokens/s, watts per GPU, °C.
+    """
+
+    memory_weights_bytes: jnp.ndarray
+    memory_gradients_bytes: jnp.ndarray
+    memory_optimizer_bytes: jnp.ndarray
+    memory_activations_bytes: jnp.ndarray
+    memory_logits_bytes: jnp.ndarray
+    memory_kv_cache_bytes: jnp.ndarray
+    memory_overhead_bytes: jnp.ndarray
+    memory_bytes: jnp.ndarray
+    memory_fraction: jnp.ndarray
+    fits: jnp.ndarray
+    memory_warning: jnp.ndarray
+    memory_danger: jnp.ndarray
+    step_seconds: jnp.ndarray
+    tokens_per_second: jnp.ndarray
+    speedup_vs_bf16: jnp.ndarray
+    meets_slo: jnp.ndarray
+    layer_stability: jnp.ndarray
+    stability: jnp.ndarray
+    diverges: jnp.ndarray
+    power_watts: jnp.ndarray
+    temperature_celsius: jnp.ndarray
+    clock_factor: jnp.ndarray
+    throttled: jnp.ndarray
+    active: jnp.ndarray
+    gpus_used: jnp.ndarray
+    overcommitted: jnp.ndarray
+    cluster_power_watts: jnp.ndarray
+    power_over_cap: jnp.ndarray
+
+
+_POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes_per_second",
+                "network_bytes_per_second", "gpus_per_node", "tdp_watts", "idle_watts",
+                "slowdown_celsius", "shutdown_celsius", "thermal_resistance_celsius_per_watt")
+
+
+def _tenant_metrics(model, workload, present, pool, inlet, precision, gpus, tp, pp, zero_stage,
+                    recompute, kv_precision, micro_batch):
+    """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict."""
+    tp_ = jnp.maximum(tp, 1)
+    pp_ = jnp.maximum(pp, 1)
+    dp = jnp.maximum(gpus // (tp_ * pp_), 1)
+    mb = jnp.maximum(micro_batch, 1).astype(jnp.float32)
+    mem = tenant_memory(model, workload, precision, kv_precision, tp_, pp_, dp, zero_stage,
+                        recompute, mb)
+    st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
+                          zero_stage, recompute, mb)
+    bf16 = jnp.full_like(precision, F.BF16)
+    st_bf16 = tenant_step_time(model, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
+                               zero_stage, recompute, mb)
+    power = safety.gpu_power_watts(st.busy_fraction, pool["idle_watts"], pool["tdp_watts"])
+    temp = safety.steady_temperature_celsius(power, inlet,
+                                             pool["thermal_resistance_celsius_per_watt"])
+    clock = safety.throttle_clock(temp, pool["slowdown_celsius"], pool["shutdown_celsius"])
+    # Throttling stretches the kernels' time by 1 / clock; communication is unaffected.
+    step = st.step_seconds + st.kernel_seconds * (1.0 / clock - 1.0)
+    tokens = st.tokens_per_second * st.step_seconds / step
+    rows, score, diverges = tenant_stability(model, workload.mode, precision, kv_precision)
+    frac = safety.memory_fraction(mem.total, pool["hbm_bytes"])
+    active = present & (gpus > 0)
+    z = jnp.float32(0.0)
+
+    def on(x, off=z):
+        return jnp.where(active, x, off)
+
+    return dict(
+        memory_weights_bytes=on(mem.weights), memory_gradients_bytes=on(mem.gradients),
+        memory_optimizer_bytes=on(mem.optimizer), memory_activations_bytes=on(mem.activations),
+        memory_logits_bytes=on(mem.logits), memory_kv_cache_bytes=on(mem.kv_cache),
+        memory_overhead_bytes=on(mem.overhead), memory_bytes=on(mem.total),
+        memory_fraction=on(frac),
+        fits=jnp.where(present, active & (frac <= 1.0), True),
+        memory_warning=active & (frac > safety.MEMORY_WARNING_FRACTION),
+        memory_danger=active & (frac > safety.MEMORY_DANGER_FRACTION),
+        step_seconds=on(step), tokens_per_second=on(tokens),
+        speedup_vs_bf16=on(st_bf16.step_seconds / st.step_seconds),
+        meets_slo=active & (tokens >= workload.slo_tokens_per_second),
+        layer_stability=jnp.where(present, rows, 1.0), stability=on(score),
+        diverges=active & diverges,
+        power_watts=on(power), temperature_celsius=on(temp), clock_factor=on(clock, 1.0),
+        throttled=active & (clock < 1.0), active=active,
+    )
+
+
+def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
+    """Metrics of one plan (no batch axis) on one scenario. Pure; safe under jit and vmap."""
+    c = scenario.cluster
+    n_pools = c.gpu_count.shape[-1]
+    pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
+    pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
+    per_tenant = jax.vmap(_tenant_metrics, in_axes=(0, 0, 0, 0, None) + (0,) * 8)(
+        scenario.models, scenario.workloads, scenario.present, pools, c.inlet_celsius,
+        plan.precision, plan.gpus, plan.tp, plan.pp, plan.zero_stage, plan.recompute,
+        plan.kv_precision, plan.micro_batch)
+    active = per_tenant["active"]
+    gpus = jnp.where(scenario.present, plan.gpus, 0)
+    onehot = pool_idx[:, None] == jnp.arange(n_pools)[None, :]
+    used = jnp.sum(jnp.where(onehot, gpus[:, None], 0), axis=0)
+    overcommitted = jnp.any(used > jnp.where(c.valid, c.gpu_count, 0))
+    idle_gpus = jnp.maximum(jnp.where(c.valid, c.gpu_count, 0) - used, 0)
+    cluster_power = (jnp.sum(jnp.where(active, per_tenant["power_watts"] * gpus, 0.0))
+                     + jnp.sum(idle_gpus * c.idle_watts))
+    return Metrics(
+        **per_tenant,
+        gpus_used=used,
+        overcommitted=overcommitted,
+        cluster_power_watts=cluster_power,
+        power_over_cap=cluster_power > c.power_cap_watts,
+    )
+
+
+@functools.cache
+def _batched(n_batch_axes: int):
+    fn = evaluate_one
+    for _ in range(n_batch_axes):
+        fn = jax.vmap(fn, in_axes=(None, 0))
+    return jax.jit(fn)
+
+
+def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metrics:
+    """Evaluate a plan or a batch of plans (any leading axes) on a scenario.
+
+    Validates concrete inputs first (ValueError naming the field); inside a trace the
+    validation is skipped and the pure function is used directly.
+    """
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
+    if validate:
+        validate_plan(scenario, plan)
+    n_batch = plan.precision.ndim - 2
+    if n_batch < 0:
+        raise ValueError(f"plan.precision must be [..., M, L], got shape {plan.precision.shape}")
+    return _batched(n_batch)(scenario, plan)

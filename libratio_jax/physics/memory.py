@@ -1,0 +1,169 @@
+"""Bytes per GPU of one tenant's plan: weights, gradients, optimizer state, activations, logits,
+KV cache and overhead. Pure functions of arrays (one tenant; ``vmap`` for more).
+
+Equations and sources (docs/physics.md has the derivations):
+- Weights ``sum_l params_l * bytes(fmt_l) / (tp * pp)``, and ``/ dp`` under ZeRO-3
+  (Rajbhandari et al. 2020, "ZeRO", §5; Shoeybi et al. 2019, Megatron-LM, for tp).
+- Gradients in at least 16 bits (``formats.GRADIENT_BYTES``), ``/ dp`` from ZeRO-2.
+- Optimizer: mixed-precision AdamW keeps FP32 master weights and two FP32 moments, 12 bytes per
+  parameter (ZeRO §3, "K = 12"); no master copy when the weights are FP32 already.
+  PyTorch AdamW on low-precision parameters keeps its moments in the parameter dtype.
+  ``/ dp`` from ZeRO-1.
+- Activations: what each op saves for backward, per token (architecture.py derives it per
+  sub-layer for SwiGLU/GQA/MoE blocks with flash attention, after Korthikanti et al. 2022,
+  "Reducing Activation Recomputation in Large Transformer Models", §4, whose GPT block saves
+  ``34 s b h`` bytes); divided by ``tp`` (sequence parallelism, §4.2.2); under 1F1B the first
+  pipeline stage holds ``min(pp, m)`` micro-batches of ``n_blocks / pp`` blocks (§4.2.3).
+  Full recomputation keeps only each block's 16-bit input plus one block's working set (§5).
+- Logits: 16-bit logits, their FP32 upcast for the loss and the FP32 log-softmax saved for
+  backward (transformers ``ForCausalLMLoss``; PyTorch ``cross_entropy``), vocab-parallel under tp.
+- KV cache: ``2 * n_blocks * n_kv_heads * head_dim * bytes(kv_fmt) * batch * seq_len``
+  (keys and values per block), split over ``tp`` (heads) and ``pp`` (blocks).
+- Peak during training, PyTorch semantics (gradients set to None between steps): weights and
+  optimizer state are always resident; the activations (with the logits and the output-head
+  gradient, computed first) peak at the start of backward, the full gradients at the optimizer
+  step, so ``peak = W + O + max(G, A + logits + G_head)``.
+- Overhead: the CUDA context outside the caching allocator and the allocator's fragmentation.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import struct
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.scenario import ADAMW, ADAMW_PARAM_DTYPE, TRAIN
+
+# Bytes per logit element in training: bf16 logits (2) + fp32 upcast (4) + fp32 log-softmax
+# output saved for backward (4) (transformers ForCausalLMLoss upcasts logits to float32).
+LOGITS_TRAIN_BYTES_PER_ELEMENT = 10.0
+# Serving keeps one position's logits per sequence: bf16 (2) + fp32 upcast in sampling (4).
+LOGITS_SERVE_BYTES_PER_ELEMENT = 6.0
+# CUDA context + cuBLAS/NCCL workspaces outside PyTorch's caching allocator: ~0.5 GiB on H100
+# (commonly measured with nvidia-smi minus torch.cuda.memory_reserved()).
+CUDA_CONTEXT_BYTES = 512 * 2**20
+# Caching-allocator fragmentation: reserved / max-allocated on the measured H100 records
+# (../shared/vectors/measured_h100_pytorch.jsonl) is 1.03-1.33, median about 1.07.
+FRAGMENTATION_FRACTION = 0.07
+# Bytes per element of a 16-bit activation (a block's input kept by recomputation).
+ACT16_BYTES = 2.0
+
+
+@struct.dataclass
+class MemoryBreakdown:
+    """Bytes per GPU (float32 scalars, or arrays under vmap). ``total`` = peak + overhead."""
+
+    weights: jnp.ndarray
+    gradients: jnp.ndarray
+    optimizer: jnp.ndarray
+    activations: jnp.ndarray
+    logits: jnp.ndarray
+    kv_cache: jnp.ndarray
+    overhead: jnp.ndarray
+    peak: jnp.ndarray
+    total: jnp.ndarray
+
+
+def _table(x) -> jnp.ndarray:
+    return jnp.asarray(x, jnp.float32)
+
+
+def num_micro_batches(batch, dp, micro_batch):
+    """Micro-batches per optimizer step of one data-parallel replica (at least 1)."""
+    return jnp.maximum(batch / (dp * jnp.maximum(micro_batch, 1)), 1.0)
+
+
+def kv_cache_bytes(model: A.ModelSpec, kv_format, batch, seq_len):
+    """Whole-model KV cache bytes for ``batch`` sequences of ``seq_len`` tokens."""
+    per_token = 2.0 * model.n_blocks * model.n_kv_heads * model.head_dim
+    return per_token * _table(F.STORAGE_BYTES)[kv_format] * batch * seq_len
+
+
+def optimizer_bytes_per_param(precision, optimizer):
+    """Optimizer-state bytes per parameter for format ids ``precision`` (any shape)."""
+    storage = _table(F.STORAGE_BYTES)[precision]
+    master = jnp.where(storage >= 4.0, 0.0, 4.0)  # FP32 weights are their own master copy
+    adam_mixed = master + 8.0
+    adam_param_dtype = 2.0 * _table(F.GRADIENT_BYTES)[precision]
+    sgd = master + 4.0
+    return jnp.where(optimizer == ADAMW, adam_mixed,
+                     jnp.where(optimizer == ADAMW_PARAM_DTYPE, adam_param_dtype, sgd))
+
+
+def format_columns(optimizer):
+    """``[F, 4]`` per-format bytes: storage, gradient, optimizer state, activation scale
+    (activation bytes / 2) for one tenant's optimizer."""
+    ids = jnp.arange(F.NUM_FORMATS)
+    return jnp.stack([
+        _table(F.STORAGE_BYTES),
+        _table(F.GRADIENT_BYTES),
+        optimizer_bytes_per_param(ids, optimizer),
+        _table(F.ACTIVATION_BYTES) / ACT16_BYTES,
+    ], axis=-1)
+
+
+def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
+                  zero_stage, recompute, micro_batch) -> MemoryBreakdown:
+    """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
+
+    ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1).
+    """
+    tp = jnp.maximum(tp, 1).astype(jnp.float32)
+    pp = jnp.maximum(pp, 1).astype(jnp.float32)
+    dp = jnp.maximum(dp, 1).astype(jnp.float32)
+    is_train = workload.mode == TRAIN
+    params = jnp.where(model.valid, model.params, 0.0)
+    model_shard = tp * pp
+
+    cols = F.select_columns(precision, format_columns(workload.optimizer))  # [L, 4]
+    head = model.valid & (model.kind == A.LM_HEAD)
+    in_block = model.block >= 0
+    row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * cols[:, 3]
+    per_row = jnp.stack([
+        params * cols[:, 0],
+        params * cols[:, 1],
+        params * cols[:, 2],
+        jnp.where(head, params * cols[:, 1], 0.0),
+        jnp.where(in_block, row_act, 0.0),
+        jnp.where(in_block, 0.0, row_act),
+    ], axis=-1)
+    weights_total, grads_total, opt_total, grads_head, rows_act, outside_act = jnp.sum(
+        per_row, axis=0)
+
+    weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
+    grads = grads_total / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
+    grads_head = grads_head / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
+    opt = opt_total / model_shard / jnp.where(zero_stage >= 1, dp, 1.0)
+
+    # Activations saved per token: rows (scaled by the format's activation bytes) + block extras.
+    blocks_act = rows_act + model.n_blocks * model.block_act_bytes_per_token
+    n_blocks = jnp.maximum(model.n_blocks, 1.0)
+    m = num_micro_batches(workload.batch, dp, micro_batch)
+    inflight = jnp.minimum(pp, m) / pp  # 1F1B: stage 0 holds min(pp, m) micro-batches
+    tokens_mb = micro_batch * workload.seq_len
+    full = blocks_act * inflight + outside_act
+    recomputed = (model.n_blocks * ACT16_BYTES * model.hidden * inflight
+                  + blocks_act / n_blocks + outside_act)
+    act_train = tokens_mb * jnp.where(recompute > 0, recomputed, full) / tp
+    act_serve = tokens_mb * (blocks_act / n_blocks) / tp  # one block's transient working set
+
+    batch_replica = workload.batch / dp
+    logits_train = tokens_mb * model.vocab * LOGITS_TRAIN_BYTES_PER_ELEMENT / tp
+    logits_serve = batch_replica * model.vocab * LOGITS_SERVE_BYTES_PER_ELEMENT / tp
+    kv = kv_cache_bytes(model, kv_precision, batch_replica, workload.seq_len) / model_shard
+
+    zero = jnp.float32(0.0)
+    grads = jnp.where(is_train, grads, zero)
+    opt = jnp.where(is_train, opt, zero)
+    activations = jnp.where(is_train, act_train, act_serve)
+    logits = jnp.where(is_train, logits_train, logits_serve)
+    kv = jnp.where(is_train, zero, kv)
+    peak_train = weights + opt + jnp.maximum(grads, activations + logits + grads_head)
+    peak_serve = weights + kv + activations + logits
+    peak = jnp.where(is_train, peak_train, peak_serve)
+    overhead = CUDA_CONTEXT_BYTES + FRAGMENTATION_FRACTION * peak
+    return MemoryBreakdown(
+        weights=weights, gradients=grads, optimizer=opt, activations=activations,
+        logits=logits, kv_cache=kv, overhead=overhead, peak=peak, total=peak + overhead,
+    )

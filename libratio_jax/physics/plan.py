@@ -1,0 +1,294 @@
+"""The action: a :class:`Plan` of per-tenant choices, as arrays, and its validation.
+
+Shapes (add a leading batch axis ``[B]`` for batched plans):
+    precision[M, L] int32 format ids per row; gpus[M], tp[M], pp[M], zero_stage[M],
+    recompute[M] (0/1), kv_precision[M] (format id), micro_batch[M], pool[M] (cluster pool).
+
+Build one from readable choices with :meth:`Plan.from_choices`; stack several with
+:meth:`Plan.stack`. :func:`validate_plan` checks a concrete plan against a scenario before any
+tracing; inside ``jit`` the physics stay finite for any integer inputs (``dp`` is floored at 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+
+# Readable layer groups -> row kinds.
+LAYER_GROUPS: dict[str, tuple[int, ...]] = {
+    "embedding": (A.EMBEDDING,),
+    "attention": (A.ATTN_QKV, A.ATTN_OUT),
+    "attn_qkv": (A.ATTN_QKV,),
+    "attn_out": (A.ATTN_OUT,),
+    "mlp": (A.MLP_IN, A.MLP_OUT, A.MOE_EXPERT_IN, A.MOE_EXPERT_OUT),
+    "mlp_in": (A.MLP_IN, A.MOE_EXPERT_IN),
+    "mlp_out": (A.MLP_OUT, A.MOE_EXPERT_OUT),
+    "experts": (A.MOE_EXPERT_IN, A.MOE_EXPERT_OUT),
+    "router": (A.MOE_ROUTER,),
+    "moe_router": (A.MOE_ROUTER,),
+    "norm": (A.NORM,),
+    "lm_head": (A.LM_HEAD,),
+}
+# Groups applied first are overridden by more specific ones later.
+_GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "experts",
+                "embedding", "router", "moe_router", "norm", "lm_head")
+DEFAULT_PRECISION = {"default": "bf16"}
+
+_INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
+               "pool")
+
+
+@struct.dataclass
+class Plan:
+    """Per-tenant plan arrays (see module docstring for shapes)."""
+
+    precision: jnp.ndarray
+    gpus: jnp.ndarray
+    tp: jnp.ndarray
+    pp: jnp.ndarray
+    zero_stage: jnp.ndarray
+    recompute: jnp.ndarray
+    kv_precision: jnp.ndarray
+    micro_batch: jnp.ndarray
+    pool: jnp.ndarray
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.gpus.shape[:-1])
+
+    @classmethod
+    def stack(cls, plans: Sequence[Plan]) -> Plan:
+        """Stack plans along a new leading batch axis."""
+        return jax.tree.map(lambda *a: jnp.stack(a), *plans)
+
+    @classmethod
+    def from_choices(cls, scenario, choices: Sequence[Mapping[str, Any]]) -> Plan:
+        """A plan from one mapping per present tenant (missing tenants get zero GPUs).
+
+        Keys (all optional): ``precision`` (``{"default": "bf16", "mlp": "fp8", ...}`` over
+        :data:`LAYER_GROUPS`, plus ``"layers": {row: fmt}`` and
+        ``"blocks": {block: {group: fmt}}`` overrides), ``gpus`` (1), ``tp`` (1), ``pp`` (1),
+        ``zero_stage`` (0), ``recompute`` (False), ``kv_precision`` ("bf16"),
+        ``micro_batch`` (1), ``pool`` (0).
+
+        Example:
+            >>> from libratio_jax.physics.scenario import reference_scenario
+            >>> sc = reference_scenario()
+            >>> p = Plan.from_choices(sc, [{"gpus": 2, "precision": {"mlp": "fp8"}}] * 4)
+            >>> p.precision.shape
+            (4, 399)
+        """
+        m, l = scenario.num_tenants, scenario.num_layers
+        n_present = int(np.sum(np.asarray(scenario.present)))
+        if len(choices) > m:
+            raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
+        kinds = np.asarray(scenario.models.kind)
+        blocks = np.asarray(scenario.models.block)
+        prec = np.full((m, l), F.BF16, np.int32)
+        ints = {k: np.zeros(m, np.int32) for k in _INT_FIELDS}
+        ints["tp"][:] = ints["pp"][:] = ints["micro_batch"][:] = 1
+        ints["kv_precision"][:] = F.BF16
+        for i, ch in enumerate(choices):
+            if not isinstance(ch, Mapping):
+                raise ValueError(f"plan: tenant {i} choices must be a mapping")
+            unknown = set(ch) - {"precision", *_INT_FIELDS}
+            if unknown:
+                raise ValueError(f"plan: tenant {i}: unknown fields {sorted(unknown)}")
+            prec[i] = _expand_precision(ch.get("precision", DEFAULT_PRECISION), kinds[i],
+                                        blocks[i], f"plan: tenant {i} precision")
+            ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), f"tenant {i} gpus")
+            for k in ("tp", "pp", "micro_batch"):
+                ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
+            ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
+            ints["recompute"][i] = int(bool(ch.get("recompute", False)))
+            ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
+            try:
+                ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
+            except ValueError as e:
+                raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
+        return cls(precision=jnp.asarray(prec),
+                   **{k: jnp.asarray(v) for k, v in ints.items()})
+
+
+def _int(v: Any, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or int(v) != v:
+        raise ValueError(f"plan: {field} must be an integer, got {v!r}")
+    return int(v)
+
+
+def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: np.ndarray,
+                      field: str) -> np.ndarray:
+    """Expand readable group choices to one format id per row."""
+    if isinstance(spec, str):
+        spec = {"default": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{field} must be a mapping of layer groups to formats")
+
+    def fid(v, where):
+        try:
+            return F.format_id(v)
+        except ValueError as e:
+            raise ValueError(f"{field}[{where!r}]: {e}") from None
+
+    allowed = set(LAYER_GROUPS) | {"default", "layers", "blocks"}
+    unknown = set(spec) - allowed
+    if unknown:
+        raise ValueError(f"{field}: unknown layer groups {sorted(unknown)}; "
+                         f"valid: {', '.join(sorted(allowed))}")
+    out = np.full(kinds.shape, fid(spec.get("default", "bf16"), "default"), np.int32)
+
+    def apply(groups: Mapping[str, Any], rows_mask: np.ndarray, where: str):
+        bad = set(groups) - set(LAYER_GROUPS) - {"default"}
+        if bad:
+            raise ValueError(f"{field}: unknown layer groups {sorted(bad)} in {where}")
+        if "default" in groups:
+            out[rows_mask] = fid(groups["default"], where)
+        for g in _GROUP_ORDER:
+            if g in groups:
+                out[rows_mask & np.isin(kinds, LAYER_GROUPS[g])] = fid(groups[g], g)
+
+    apply({k: v for k, v in spec.items() if k in LAYER_GROUPS}, np.ones_like(kinds, bool), "")
+    for b, groups in (spec.get("blocks") or {}).items():
+        if int(b) != b or not (0 <= int(b) <= blocks.max()):
+            raise ValueError(f"{field}: block {b!r} out of range")
+        apply(groups if isinstance(groups, Mapping) else {"default": groups},
+              blocks == int(b), f"blocks[{b}]")
+    for r, v in (spec.get("layers") or {}).items():
+        if int(r) != r or not (0 <= int(r) < len(kinds)):
+            raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
+        out[int(r)] = fid(v, f"layers[{r}]")
+    return out
+
+
+def validate_plan(scenario, plan: Plan) -> None:
+    """Check a concrete plan against a scenario; raise ValueError naming the field.
+
+    Checks: shapes; format ids in range; per present tenant with GPUs: ``tp, pp,
+    micro_batch >= 1``, ``tp * pp`` divides ``gpus``, ``tp`` divides the attention and KV heads,
+    ``pp <= n_blocks``, ``zero_stage`` in 0..3, ``pool`` a valid pool, and ``gpus`` not more
+    than that pool has. (Several tenants together may over-commit the cluster: that is a
+    physical outcome, flagged in ``Metrics.overcommitted``, not an input error.)
+    """
+    m, l = scenario.num_tenants, scenario.num_layers
+    for name in ("precision",) + _INT_FIELDS:
+        x = getattr(plan, name)
+        if isinstance(x, jax.core.Tracer):
+            return  # traced: validation happens at the boundary, not inside jit
+    prec = np.asarray(plan.precision)
+    batch = prec.shape[:-2]
+    if prec.shape[-2:] != (m, l):
+        raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
+    if not np.issubdtype(prec.dtype, np.integer):
+        raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
+    if prec.size and (prec.min() < 0 or prec.max() >= F.NUM_FORMATS):
+        raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
+    vals = {}
+    for name in _INT_FIELDS:
+        x = np.asarray(getattr(plan, name))
+        if x.shape != batch + (m,):
+            raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
+        vals[name] = np.broadcast_to(x, batch + (m,)).reshape(-1, m).astype(np.int64)
+    kv = vals["kv_precision"]
+    if kv.size and (kv.min() < 0 or kv.max() >= F.NUM_FORMATS):
+        raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
+    present = np.asarray(scenario.present)
+    heads = np.asarray(scenario.models.n_heads).astype(np.int64)
+    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(np.int64)
+    n_blocks = np.asarray(scenario.models.n_blocks).astype(np.int64)
+    pool_count = np.asarray(scenario.cluster.gpu_count)
+    pool_valid = np.asarray(scenario.cluster.valid)
+    g = vals["gpus"]
+    if (g < 0).any():
+        raise ValueError("plan.gpus must be >= 0")
+    for field in ("tp", "pp", "micro_batch"):
+        bad = (vals[field] < 1) & (g > 0)
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan {b})")
+    checks = [
+        ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
+        ((vals["pool"] < 0) | (vals["pool"] >= len(pool_count)), "pool is not a cluster pool"),
+    ]
+    for bad, msg in checks:
+        bad = bad & present
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(f"plan tenant {i} (plan {b}): {msg}")
+    pool = np.clip(vals["pool"], 0, len(pool_count) - 1)
+    active = (g > 0) & present
+    tp, pp = np.maximum(vals["tp"], 1), np.maximum(vals["pp"], 1)
+    rules = [
+        (~pool_valid[pool], "pool is padding, not a real pool", "pool"),
+        (g > pool_count[pool], "asks for more GPUs than its pool has", "gpus"),
+        (g % (tp * pp) != 0, "tp * pp must divide gpus", "tp"),
+        ((heads % tp != 0) | (kv_heads % tp != 0), "tp must divide the attention and KV heads",
+         "tp"),
+        (pp > n_blocks, "pp exceeds the model's blocks", "pp"),
+    ]
+    for bad, msg, field in rules:
+        bad = bad & active
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(
+                f"plan.{field}[{i}] (plan {b}): tenant {i} {msg} "
+                f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
+                f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})"
+            )
+
+
+def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> Plan:
+    """``n`` random plans that pass :func:`validate_plan` (host-side NumPy sampler).
+
+    Per present tenant: a pool, ``tp`` dividing the heads and KV heads, ``pp`` up to 4 and at
+    most the blocks, ``dp`` with ``tp * pp * dp`` within the pool, ZeRO stage, recomputation,
+    micro-batch, KV format and a format per row (``per_layer``) or per layer group.
+    Tenants are sampled independently, so plans may over-commit the cluster together.
+    """
+    rng = np.random.default_rng(seed)
+    m, l = scenario.num_tenants, scenario.num_layers
+    present = np.asarray(scenario.present)
+    heads = np.asarray(scenario.models.n_heads).astype(int)
+    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(int)
+    n_blocks = np.asarray(scenario.models.n_blocks).astype(int)
+    kinds = np.asarray(scenario.models.kind)
+    counts = np.asarray(scenario.cluster.gpu_count)
+    pools = np.flatnonzero(np.asarray(scenario.cluster.valid))
+    out = {k: np.zeros((n, m), np.int32) for k in _INT_FIELDS}
+    prec = np.full((n, m, l), F.BF16, np.int32)
+    for b in range(n):
+        for i in range(m):
+            out["tp"][b, i] = out["pp"][b, i] = out["micro_batch"][b, i] = 1
+            out["kv_precision"][b, i] = F.BF16
+            if not present[i]:
+                continue
+            pool = int(rng.choice(pools))
+            cap = int(counts[pool])
+            tps = [t for t in (1, 2, 4, 8) if heads[i] % t == 0 and kv_heads[i] % t == 0
+                   and t <= cap]
+            tp = int(rng.choice(tps))
+            pps = [p for p in (1, 2, 4) if p <= n_blocks[i] and tp * p <= cap]
+            pp = int(rng.choice(pps))
+            dps = [d for d in (1, 2, 4, 8) if tp * pp * d <= cap]
+            dp = int(rng.choice(dps))
+            out["pool"][b, i] = pool
+            out["gpus"][b, i] = tp * pp * dp
+            out["tp"][b, i], out["pp"][b, i] = tp, pp
+            out["zero_stage"][b, i] = rng.integers(0, 4)
+            out["recompute"][b, i] = rng.integers(0, 2)
+            out["micro_batch"][b, i] = rng.choice([1, 2, 4])
+            out["kv_precision"][b, i] = rng.choice([F.FP32, F.BF16, F.FP16, F.FP8_E4M3,
+                                                    F.INT8, F.INT4])
+            if per_layer:
+                prec[b, i] = rng.integers(0, F.NUM_FORMATS, size=l)
+            else:
+                per_kind = rng.integers(0, F.NUM_FORMATS, size=A.NUM_KINDS)
+                prec[b, i] = per_kind[kinds[i]]
+    return Plan(precision=jnp.asarray(prec), **{k: jnp.asarray(v) for k, v in out.items()})

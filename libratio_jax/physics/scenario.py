@@ -1,0 +1,200 @@
+"""Workloads, tenants and scenarios: the static-shape inputs of :func:`evaluate`.
+
+A :class:`Scenario` is a cluster plus ``M`` tenant slots (model + workload), padded with
+``present``. Two scenarios with the same capacities (``M`` tenants, ``L`` rows per model, ``P``
+pools) have the same pytree structure and shapes, so one compiled function serves both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from libratio_jax.physics.architecture import (
+    ModelSpec,
+    build_rows,
+    catalog_models,
+    load_config_dict,
+    pack_rows,
+)
+from libratio_jax.physics.hardware import ClusterSpec
+
+MODES = ("train", "serve")
+TRAIN, SERVE = 0, 1
+# Optimizers (state bytes per parameter in memory.py):
+#   adamw             mixed precision: FP32 master weights + two FP32 moments
+#                     (Rajbhandari et al. 2020, ZeRO §3: 12 bytes/param "K = 12")
+#   adamw_param_dtype PyTorch AdamW on low-precision parameters: moments in the parameter dtype
+#   sgd_momentum      one FP32 momentum buffer + FP32 master weights
+OPTIMIZERS = ("adamw", "adamw_param_dtype", "sgd_momentum")
+ADAMW, ADAMW_PARAM_DTYPE, SGD_MOMENTUM = 0, 1, 2
+
+
+def _choice(value: Any, names: Sequence[str], field: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if 0 <= int(value) < len(names):
+            return int(value)
+    elif isinstance(value, str) and value.strip().lower() in names:
+        return names.index(value.strip().lower())
+    raise ValueError(f"{field}: {value!r} is not one of {', '.join(names)}")
+
+
+@struct.dataclass
+class Workload:
+    """What a tenant runs. Fields are arrays (scalars per tenant, ``[M]`` when stacked).
+
+    mode: 0 train, 1 serve. batch: sequences per optimizer step (train) or concurrent
+    sequences (serve). seq_len: tokens per sequence (serve: context length). optimizer: id in
+    :data:`OPTIMIZERS`. priority: weight >= 0. slo_tokens_per_second: throughput target.
+    """
+
+    mode: jnp.ndarray
+    batch: jnp.ndarray
+    seq_len: jnp.ndarray
+    optimizer: jnp.ndarray
+    priority: jnp.ndarray
+    slo_tokens_per_second: jnp.ndarray
+
+    @classmethod
+    def make(
+        cls,
+        mode: str | int = "train",
+        batch: int = 8,
+        seq_len: int = 4096,
+        optimizer: str | int = "adamw",
+        priority: float = 1.0,
+        slo_tokens_per_second: float = 0.0,
+    ) -> Workload:
+        """A validated workload from readable values."""
+        m = _choice(mode, MODES, "workload.mode")
+        o = _choice(optimizer, OPTIMIZERS, "workload.optimizer")
+        for name, v in (("batch", batch), ("seq_len", seq_len)):
+            if int(v) != v or int(v) < 1:
+                raise ValueError(f"workload.{name} must be a positive integer, got {v!r}")
+        if not priority >= 0:
+            raise ValueError(f"workload.priority must be >= 0, got {priority!r}")
+        if not slo_tokens_per_second >= 0:
+            raise ValueError("workload.slo_tokens_per_second must be >= 0")
+        return cls(
+            mode=jnp.int32(m), batch=jnp.float32(batch), seq_len=jnp.float32(seq_len),
+            optimizer=jnp.int32(o), priority=jnp.float32(priority),
+            slo_tokens_per_second=jnp.float32(slo_tokens_per_second),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Tenant:
+    """A model and its workload, as readable values (host-side; not a pytree).
+
+    ``model`` is a catalog name, a config.json path, a dict or a ``PretrainedConfig``.
+    """
+
+    model: Any
+    workload: Workload | dict = dataclasses.field(default_factory=dict)
+    name: str | None = None
+
+    def workload_pytree(self) -> Workload:
+        w = self.workload
+        return w if isinstance(w, Workload) else Workload.make(**w)
+
+
+@struct.dataclass
+class Scenario:
+    """A cluster and ``M`` tenant slots. ``models`` and ``workloads`` have a leading ``[M]``
+    axis; ``present[M]`` marks real tenants; ``model_id[M]`` indexes :func:`catalog_models`
+    (-1 for a model not in the catalog).
+
+    Example:
+        >>> sc = Scenario.build(ClusterSpec.uniform("H100-SXM", 8),
+        ...                     [Tenant("tiny-llama", {"batch": 4, "seq_len": 512})])
+        >>> sc.num_tenants, sc.num_layers
+        (1, 39)
+    """
+
+    cluster: ClusterSpec
+    models: ModelSpec
+    workloads: Workload
+    present: jnp.ndarray
+    model_id: jnp.ndarray
+
+    @property
+    def num_tenants(self) -> int:
+        return int(self.present.shape[-1])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.models.kind.shape[-1])
+
+    @classmethod
+    def build(
+        cls,
+        cluster: ClusterSpec,
+        tenants: Sequence[Tenant],
+        *,
+        max_tenants: int | None = None,
+        max_layers: int | None = None,
+        block_groups: int | None = None,
+    ) -> Scenario:
+        """Pad ``tenants`` to ``max_tenants`` slots of ``max_layers`` rows (defaults: tight).
+
+        ``block_groups`` merges each model's blocks into that many segments
+        (see :meth:`ModelSpec.from_hf_config`); default: one row per sub-layer per block.
+        """
+        if not tenants:
+            raise ValueError("scenario: at least one tenant is required")
+        built = []
+        names = catalog_models()
+        for i, t in enumerate(tenants):
+            if not isinstance(t, Tenant):
+                raise ValueError(f"tenants[{i}] must be a Tenant, got {type(t).__name__}")
+            cfg = load_config_dict(t.model)
+            rows, scalars = build_rows(cfg, block_groups)
+            mid = names.index(t.model) if isinstance(t.model, str) and t.model in names else -1
+            built.append((rows, scalars, t.workload_pytree(), mid))
+        n_rows = max(len(b[0]) for b in built)
+        cap_l = n_rows if max_layers is None else int(max_layers)
+        if cap_l < n_rows:
+            raise ValueError(f"scenario: a model has {n_rows} rows, more than max_layers={cap_l}")
+        cap_m = len(built) if max_tenants is None else int(max_tenants)
+        if cap_m < len(built):
+            raise ValueError(f"scenario: {len(built)} tenants exceed max_tenants={cap_m}")
+        specs = [pack_rows(r, s, cap_l) for r, s, _, _ in built]
+        works = [w for _, _, w, _ in built]
+        ids = [m for *_, m in built]
+        pad = cap_m - len(built)
+        specs += [specs[0]] * pad
+        works += [works[0]] * pad
+        ids += [-1] * pad
+        stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
+        return cls(
+            cluster=cluster,
+            models=stack(specs),
+            workloads=stack(works),
+            present=jnp.asarray(np.arange(cap_m) < len(built)),
+            model_id=jnp.asarray(np.array(ids, np.int32)),
+        )
+
+
+def reference_scenario(max_tenants: int | None = None, max_layers: int | None = None,
+                       block_groups: int | None = None) -> Scenario:
+    """The default scenario of the demo and the benchmark: 4 tenants of real catalog models on
+    one node of 8 x H100-SXM (two fine-tuning jobs, two serving jobs)."""
+    tenants = [
+        Tenant("Llama-3.1-8B", dict(mode="train", batch=16, seq_len=4096, priority=2.0,
+                                    slo_tokens_per_second=20_000.0)),
+        Tenant("Qwen2.5-7B", dict(mode="serve", batch=64, seq_len=8192, priority=1.0,
+                                  slo_tokens_per_second=2_000.0)),
+        Tenant("Qwen3-8B", dict(mode="train", batch=8, seq_len=4096, priority=1.0,
+                                slo_tokens_per_second=10_000.0)),
+        Tenant("Llama-3.2-1B", dict(mode="serve", batch=32, seq_len=4096, priority=0.5,
+                                    slo_tokens_per_second=5_000.0)),
+    ]
+    return Scenario.build(ClusterSpec.uniform("H100-SXM", 8), tenants,
+                          max_tenants=max_tenants, max_layers=max_layers,
+                          block_groups=block_groups)

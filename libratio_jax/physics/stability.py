@@ -1,0 +1,112 @@
+"""Numerical stability per layer (the "Scoring Module"): a score in (0, 1] per row, a tenant
+score and a divergence flag.
+
+Model: a row of kind ``k`` in format ``f`` scores ``exp(-u_f / tol_k)`` where ``u_f`` is the
+format's unit roundoff (formats.UNIT_ROUNDOFF; for integer and code-book formats the effective
+relative error of a scaled tensor, see ``EFFECTIVE_ROUNDOFF``) and ``tol_k`` the relative
+error the layer kind tolerates. Tolerances follow practice:
+- embeddings, the output head, normalization and MoE routers stay in BF16/FP32 (NVIDIA
+  Transformer Engine keeps them out of FP8; DeepSeek-V3 technical report §3.3.1 keeps the
+  embedding, output head, MoE gating, normalization and attention operators in BF16/FP32);
+- FFN and projection GEMMs tolerate FP8 with per-tensor or block scaling (Micikevicius et al.
+  2022; DeepSeek-V3 §3.3), the attention output projection and MLP down-projection a little
+  less (their inputs have outliers: Dettmers et al. 2022, LLM.int8()).
+In training, FP16 needs loss scaling to avoid gradient underflow and overflow (Micikevicius et
+al. 2018, "Mixed Precision Training", §3.2): a 0.9 factor. Serving tolerates 3x more error (no
+gradients accumulate it). The KV cache counts as one more row when serving.
+
+A tenant diverges when any valid row scores below ``DIVERGENCE_THRESHOLD`` (0.25): e.g. an
+FP8 embedding or output head in training (exp(-0.0625/0.02) = 0.04). The tenant score is the
+geometric mean over valid rows.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.scenario import TRAIN
+
+# Relative error tolerated per kind (training), in KIND_NAMES order.
+TOLERANCE = np.array([
+    0.02,  # embedding
+    0.5,   # attn_qkv
+    0.35,  # attn_out
+    0.6,   # mlp_in
+    0.45,  # mlp_out
+    0.01,  # moe_router
+    0.6,   # moe_expert_in
+    0.45,  # moe_expert_out
+    0.02,  # norm
+    0.02,  # lm_head
+])
+KV_CACHE_TOLERANCE = 0.25
+SERVE_TOLERANCE_FACTOR = 3.0
+FP16_TRAIN_FACTOR = 0.9
+DIVERGENCE_THRESHOLD = 0.25
+
+# Effective relative error per format: unit roundoff for floats; for scaled integer grids the
+# rounding error of a Gaussian tensor scaled to the grid (max ~ 4 sigma): half a step over
+# sigma, INT8 4/127/2 ~ 2^-6, INT4 (group 128) ~ 2^-3; NF4 is quantile-optimal (QLoRA §3),
+# about 2^-3.3. Block-scaled FP4 keeps E2M1's 2^-2; NVFP4's finer blocks and FP8 scales give
+# lower error than MXFP4 (NVIDIA NVFP4 blog, 2025): 0.8 x.
+EFFECTIVE_ROUNDOFF = F.UNIT_ROUNDOFF.copy()
+EFFECTIVE_ROUNDOFF[F.INT8] = 2.0**-6
+EFFECTIVE_ROUNDOFF[F.INT4] = 2.0**-3
+EFFECTIVE_ROUNDOFF[F.NF4] = 2.0**-3.3
+EFFECTIVE_ROUNDOFF[F.NVFP4] = 0.8 * 2.0**-2
+
+
+def _stability_tables() -> np.ndarray:
+    """``[2 modes, NUM_KINDS, NUM_FORMATS]`` float64 table of row scores."""
+    u = EFFECTIVE_ROUNDOFF[None, :]
+    train = np.exp(-u / TOLERANCE[:, None])
+    train[:, F.FP16] *= FP16_TRAIN_FACTOR
+    serve = np.exp(-u / (SERVE_TOLERANCE_FACTOR * TOLERANCE[:, None]))
+    return np.stack([train, serve])
+
+
+STABILITY_TABLE = _stability_tables()
+KV_STABILITY = np.exp(-EFFECTIVE_ROUNDOFF / (SERVE_TOLERANCE_FACTOR * KV_CACHE_TOLERANCE))
+
+
+def _log_format_columns(mode):
+    """``[F, 2]``: ``-u_eff / mode_factor`` and the log of the format's mode factor."""
+    serving = mode != TRAIN
+    neg_u = -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32) / jnp.where(
+        serving, SERVE_TOLERANCE_FACTOR, 1.0)
+    fp16 = jnp.arange(F.NUM_FORMATS) == F.FP16
+    log_factor = jnp.where(fp16 & ~serving, np.log(FP16_TRAIN_FACTOR), 0.0)
+    return jnp.stack([neg_u, log_factor.astype(jnp.float32)], axis=-1)
+
+
+def layer_log_stability(model: A.ModelSpec, mode, precision):
+    """Log score per row ``[L]`` (``log exp(-u/tol)``); padding rows 0."""
+    inv_tol = 1.0 / jnp.asarray(TOLERANCE, jnp.float32)[model.kind]
+    cols = F.select_columns(precision, _log_format_columns(mode))
+    return jnp.where(model.valid, cols[:, 0] * inv_tol + cols[:, 1], 0.0)
+
+
+def layer_stability(model: A.ModelSpec, mode, precision):
+    """Score per row ``[L]`` in (0, 1]; padding rows score 1."""
+    return jnp.exp(layer_log_stability(model, mode, precision))
+
+
+def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision):
+    """``(layer_scores[L], score, diverges)`` for one tenant.
+
+    The score is the geometric mean over valid rows weighted by ``count`` (the sub-layers
+    a merged row stands for), with the KV cache as one more row when serving.
+    """
+    logs = layer_log_stability(model, mode, precision)
+    serving = mode != TRAIN
+    kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
+                       0.0)
+    weight = jnp.where(model.valid, model.count, 0.0)
+    log_sum = jnp.sum(logs * weight) + kv_log
+    count = jnp.sum(weight) + serving
+    score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
+    worst = jnp.minimum(jnp.min(logs), kv_log)
+    return jnp.exp(logs), score, worst < np.log(DIVERGENCE_THRESHOLD)

@@ -1,0 +1,127 @@
+"""JAX evaluate vs the plain-Python reference, and JAX properties (jit, vmap, retrace)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference as R
+
+import libratio_jax as lj
+from libratio_jax.physics.kernel import evaluate_one
+from libratio_jax.physics.plan import sample_plans
+
+CHECKED = ("memory_bytes", "memory_weights_bytes", "memory_kv_cache_bytes",
+           "memory_activations_bytes", "step_seconds", "tokens_per_second", "speedup_vs_bf16",
+           "stability", "power_watts", "temperature_celsius", "cluster_power_watts")
+EXACT = ("fits", "diverges", "gpus_used", "overcommitted")
+
+
+def _scenarios():
+    mixed = lj.Scenario.build(
+        lj.ClusterSpec.mixed({"A100-80GB": 8, "B200": 8, "L40S": 4}, inlet_celsius=40.0),
+        [lj.Tenant("Qwen3-30B-A3B", dict(mode="serve", batch=32, seq_len=4096)),
+         lj.Tenant("Mixtral-8x7B", dict(mode="train", batch=8, seq_len=2048,
+                                        optimizer="sgd_momentum")),
+         lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024,
+                                        optimizer="adamw_param_dtype"))],
+        max_tenants=4)
+    return [lj.reference_scenario(), lj.reference_scenario(block_groups=3), mixed]
+
+
+@pytest.mark.parametrize("idx,n", [(0, 400), (1, 300), (2, 300)])
+def test_parity_with_python_reference(idx, n):
+    sc = _scenarios()[idx]
+    plans = sample_plans(sc, n, seed=idx, per_layer=(idx != 1))
+    got = lj.evaluate(sc, plans)
+    scp = R.scenario_to_python(sc)
+    for b in range(n):
+        ref = R.evaluate(scp, R.plan_to_python(plans, b))
+        for k in CHECKED:
+            np.testing.assert_allclose(np.asarray(getattr(got, k))[b], ref[k], rtol=1e-5,
+                                       atol=1e-30, err_msg=f"{k} plan {b}")
+        for k in EXACT:
+            np.testing.assert_array_equal(np.asarray(getattr(got, k))[b], ref[k],
+                                          err_msg=f"{k} plan {b}")
+
+
+def test_jit_equals_eager():
+    sc = _scenarios()[2]
+    plan = jax.tree.map(lambda x: x[0], sample_plans(sc, 1, seed=3))
+    with jax.disable_jit():
+        eager = evaluate_one(sc, plan)
+    jitted = jax.jit(evaluate_one)(sc, plan)
+    chex.assert_trees_all_close(eager, jitted, rtol=1e-6)
+
+
+def test_vmap_equals_loop():
+    sc = lj.reference_scenario()
+    plans = sample_plans(sc, 8, seed=4)
+    batched = lj.evaluate(sc, plans)
+    for b in range(8):
+        single = lj.evaluate(sc, jax.tree.map(lambda x, b=b: x[b], plans))
+        chex.assert_trees_all_close(single, jax.tree.map(lambda x, b=b: x[b], batched),
+                                    rtol=1e-6)
+
+
+def test_nested_batch_axes():
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 6, seed=5)
+    flat = lj.evaluate(sc, plans)
+    nested = lj.evaluate(sc, jax.tree.map(lambda x: x.reshape((2, 3) + x.shape[1:]), plans))
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x.reshape((6,) + x.shape[2:]), nested),
+                                flat, rtol=1e-6)
+
+
+def test_no_retrace_for_new_scenario_of_same_capacity():
+    a = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8, pool_capacity=2),
+                          [lj.Tenant("Llama-3.1-8B"), lj.Tenant("Qwen2.5-7B")],
+                          max_tenants=3, max_layers=400)
+    b = lj.Scenario.build(lj.ClusterSpec.mixed({"A100-80GB": 16, "H200": 4}),
+                          [lj.Tenant("Qwen3-8B", {"mode": "serve"}),
+                           lj.Tenant("Mistral-7B-v0.3"), lj.Tenant("tiny-llama")],
+                          max_tenants=3, max_layers=400)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def run(sc, plan):
+        return jax.vmap(evaluate_one, in_axes=(None, 0))(sc, plan)
+
+    pa, pb = sample_plans(a, 16, seed=0), sample_plans(b, 16, seed=1)
+    ma, mb = run(a, pa), run(b, pb)
+    assert not np.allclose(np.asarray(ma.step_seconds), np.asarray(mb.step_seconds))
+    chex.clear_trace_counter()
+
+
+def test_finite_and_deterministic():
+    for sc in _scenarios():
+        plans = sample_plans(sc, 64, seed=7)
+        m1 = lj.evaluate(sc, plans)
+        m2 = lj.evaluate(sc, sample_plans(sc, 64, seed=7))
+        for leaf in jax.tree.leaves(m1):
+            assert np.all(np.isfinite(np.asarray(leaf, np.float64)))
+        chex.assert_trees_all_equal(m1, m2)
+
+
+def test_absent_tenants_report_zeros():
+    sc = _scenarios()[2]  # 3 tenants in 4 slots
+    m = lj.evaluate(sc, sample_plans(sc, 4, seed=2))
+    assert not np.asarray(m.active)[:, 3].any()
+    assert np.all(np.asarray(m.memory_bytes)[:, 3] == 0)
+    assert np.asarray(m.fits)[:, 3].all()
+
+
+def test_starved_tenant_does_not_fit():
+    sc = lj.reference_scenario()
+    plan = lj.Plan.from_choices(sc, [{"gpus": 2}, {"gpus": 0}, {"gpus": 2}, {"gpus": 2}])
+    m = lj.evaluate(sc, plan)
+    assert not bool(m.fits[1]) and not bool(m.active[1])
+    assert float(m.tokens_per_second[1]) == 0.0
+
+
+def test_float_inputs_are_traced_without_validation():
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 4, seed=1)
+    out = jax.jit(lambda p: lj.evaluate(sc, p).stability)(plans)
+    assert out.shape == (4, 4) and jnp.all(jnp.isfinite(out))

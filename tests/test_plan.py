@@ -1,0 +1,92 @@
+import numpy as np
+import pytest
+
+import libratio_jax as lj
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.plan import sample_plans
+
+
+@pytest.fixture(scope="module")
+def sc():
+    return lj.reference_scenario()
+
+
+def test_readable_choices_expand_to_rows(sc):
+    plan = lj.Plan.from_choices(sc, [{
+        "gpus": 2,
+        "precision": {"default": "bf16", "mlp": "FP8", "embedding": "fp32", "lm_head": "bf16",
+                      "blocks": {0: {"mlp": "bf16"}}, "layers": {1: "fp16"}},
+    }])
+    kinds = np.asarray(sc.models.kind)[0]
+    blocks = np.asarray(sc.models.block)[0]
+    prec = np.asarray(plan.precision)[0]
+    assert prec[0] == F.FP32  # embedding
+    mlp = np.isin(kinds, [A.MLP_IN, A.MLP_OUT])
+    assert np.all(prec[mlp & (blocks > 0)] == F.FP8_E4M3)
+    assert np.all(prec[mlp & (blocks == 0)] == F.BF16)
+    assert prec[1] == F.FP16
+    assert np.all(np.asarray(plan.gpus) == [2, 0, 0, 0])  # tenants without choices: none
+    assert plan.precision.shape == (4, sc.num_layers)
+
+
+def test_stack_batches(sc):
+    p = lj.Plan.from_choices(sc, [{"gpus": 1}] * 4)
+    assert lj.Plan.stack([p, p, p]).gpus.shape == (3, 4)
+
+
+@pytest.mark.parametrize("choice,match", [
+    ({"gpus": 16}, "more GPUs than its pool"),
+    ({"gpus": 3, "tp": 2}, "tp \\* pp must divide gpus"),
+    ({"gpus": 6, "tp": 3, "pp": 1}, "tp must divide"),
+    ({"gpus": 8, "pp": 8, "tp": 1}, None),
+    ({"gpus": 2, "zero_stage": 4}, "zero_stage"),
+    ({"gpus": 2, "pool": 3}, "pool"),
+    ({"gpus": 2, "precision": {"mlp": "fp7"}}, "unknown numeric format"),
+    ({"gpus": 2, "precision": {"mpl": "fp8"}}, "unknown layer groups"),
+    ({"gpus": 2, "kv_precision": "int3"}, "kv_precision"),
+    ({"gpus": 2, "tpp": 2}, "unknown fields"),
+    ({"gpus": 2.5}, "integer"),
+])
+def test_bad_inputs_raise_naming_the_field(sc, choice, match):
+    if match is None:  # valid: pp 8 <= 32 blocks
+        lj.evaluate(sc, lj.Plan.from_choices(sc, [choice]))
+        return
+    with pytest.raises(ValueError, match=match):
+        lj.evaluate(sc, lj.Plan.from_choices(sc, [choice]))
+
+
+def test_wrong_shapes(sc):
+    p = lj.Plan.from_choices(sc, [{"gpus": 1}] * 4)
+    with pytest.raises(ValueError, match="plan.precision has shape"):
+        lj.evaluate(sc, p.replace(precision=np.zeros((4, 10), np.int32)))
+    with pytest.raises(ValueError, match="plan.gpus has shape"):
+        lj.evaluate(sc, p.replace(gpus=np.ones(3, np.int32)))
+    with pytest.raises(ValueError, match="format ids"):
+        lj.evaluate(sc, p.replace(precision=np.full((4, sc.num_layers), 12, np.int32)))
+    with pytest.raises(ValueError, match="Scenario"):
+        lj.evaluate("scenario", p)
+
+
+def test_pp_exceeding_blocks():
+    sc = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant("tiny-llama")])
+    with pytest.raises(ValueError, match="pp exceeds"):
+        lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 8, "pp": 8}]))
+
+
+def test_sampled_plans_are_valid(sc):
+    plans = sample_plans(sc, 64, seed=0)
+    lj.validate_plan(sc, plans)  # raises if not
+    assert np.asarray(plans.gpus).min() >= 1
+
+
+def test_workload_validation():
+    with pytest.raises(ValueError, match="workload.mode"):
+        lj.Workload.make(mode="finetune")
+    with pytest.raises(ValueError, match="workload.batch"):
+        lj.Workload.make(batch=0)
+    with pytest.raises(ValueError, match="workload.optimizer"):
+        lj.Workload.make(optimizer="lion")
+    with pytest.raises(ValueError, match="max_tenants"):
+        lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant("tiny-llama")] * 3,
+                          max_tenants=2)
