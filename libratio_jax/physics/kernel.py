@@ -73,8 +73,8 @@ _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes
                 "slowdown_celsius", "shutdown_celsius", "thermal_resistance_celsius_per_watt")
 
 
-def _tenant_metrics(model, workload, present, pool, inlet, precision, gpus, tp, pp, zero_stage,
-                    recompute, kv_precision, micro_batch):
+def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, gpus, tp, pp,
+                    zero_stage, recompute, kv_precision, micro_batch):
     """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict."""
     tp_ = jnp.maximum(tp, 1)
     pp_ = jnp.maximum(pp, 1)
@@ -84,8 +84,9 @@ def _tenant_metrics(model, workload, present, pool, inlet, precision, gpus, tp, 
                         recompute, mb)
     st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
                           zero_stage, recompute, mb)
-    bf16 = jnp.full_like(precision, F.BF16)
-    st_bf16 = tenant_step_time(model, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
+    # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows).
+    bf16 = jnp.full_like(coarse.kind, F.BF16)
+    st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
                                zero_stage, recompute, mb)
     power = safety.gpu_power_watts(st.busy_fraction, pool["idle_watts"], pool["tdp_watts"])
     temp = safety.steady_temperature_celsius(power, inlet,
@@ -127,8 +128,8 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
     n_pools = c.gpu_count.shape[-1]
     pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
     pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
-    per_tenant = jax.vmap(_tenant_metrics, in_axes=(0, 0, 0, 0, None) + (0,) * 8)(
-        scenario.models, scenario.workloads, scenario.present, pools, c.inlet_celsius,
+    per_tenant = jax.vmap(_tenant_metrics, in_axes=(0, 0, 0, 0, 0, None) + (0,) * 8)(
+        scenario.models, scenario.coarse_models, scenario.workloads, scenario.present, pools, c.inlet_celsius,
         plan.precision, plan.gpus, plan.tp, plan.pp, plan.zero_stage, plan.recompute,
         plan.kv_precision, plan.micro_batch)
     active = per_tenant["active"]

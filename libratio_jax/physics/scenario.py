@@ -108,7 +108,9 @@ class Tenant:
 class Scenario:
     """A cluster and ``M`` tenant slots. ``models`` and ``workloads`` have a leading ``[M]``
     axis; ``present[M]`` marks real tenants; ``model_id[M]`` indexes :func:`catalog_models`
-    (-1 for a model not in the catalog).
+    (-1 for a model not in the catalog). ``coarse_models`` holds the same models with all blocks
+    merged (``block_groups=1``, about 14 rows): the physics of an all-BF16 plan are identical on
+    them, so the speed-up baseline is computed there.
 
     Example:
         >>> sc = Scenario.build(ClusterSpec.uniform("H100-SXM", 8),
@@ -122,6 +124,7 @@ class Scenario:
     workloads: Workload
     present: jnp.ndarray
     model_id: jnp.ndarray
+    coarse_models: ModelSpec
 
     @property
     def num_tenants(self) -> int:
@@ -155,8 +158,9 @@ class Scenario:
                 raise ValueError(f"tenants[{i}] must be a Tenant, got {type(t).__name__}")
             cfg = load_config_dict(t.model)
             rows, scalars = build_rows(cfg, block_groups)
+            coarse = build_rows(cfg, 1)
             mid = names.index(t.model) if isinstance(t.model, str) and t.model in names else -1
-            built.append((rows, scalars, t.workload_pytree(), mid))
+            built.append((rows, scalars, t.workload_pytree(), mid, coarse))
         n_rows = max(len(b[0]) for b in built)
         cap_l = n_rows if max_layers is None else int(max_layers)
         if cap_l < n_rows:
@@ -164,11 +168,14 @@ class Scenario:
         cap_m = len(built) if max_tenants is None else int(max_tenants)
         if cap_m < len(built):
             raise ValueError(f"scenario: {len(built)} tenants exceed max_tenants={cap_m}")
-        specs = [pack_rows(r, s, cap_l) for r, s, _, _ in built]
-        works = [w for _, _, w, _ in built]
-        ids = [m for *_, m in built]
+        specs = [pack_rows(b[0], b[1], cap_l) for b in built]
+        cap_c = max(len(b[4][0]) for b in built)
+        coarse = [pack_rows(*b[4], cap_c) for b in built]
+        works = [b[2] for b in built]
+        ids = [b[3] for b in built]
         pad = cap_m - len(built)
         specs += [specs[0]] * pad
+        coarse += [coarse[0]] * pad
         works += [works[0]] * pad
         ids += [-1] * pad
         stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
@@ -178,6 +185,7 @@ class Scenario:
             workloads=stack(works),
             present=jnp.asarray(np.arange(cap_m) < len(built)),
             model_id=jnp.asarray(np.array(ids, np.int32)),
+            coarse_models=stack(coarse),
         )
 
 
