@@ -25,6 +25,9 @@ from libratio_jax.physics.architecture import (
 )
 from libratio_jax.physics.hardware import ClusterSpec
 
+# Rows of a model with all blocks merged (embedding, one block's sub-layers, final norm, lm_head):
+# at most 15 for the supported architectures; a fixed capacity keeps shapes static.
+COARSE_CAPACITY = 16
 MODES = ("train", "serve")
 TRAIN, SERVE = 0, 1
 # Optimizers (state bytes per parameter in memory.py):
@@ -169,7 +172,7 @@ class Scenario:
         if cap_m < len(built):
             raise ValueError(f"scenario: {len(built)} tenants exceed max_tenants={cap_m}")
         specs = [pack_rows(b[0], b[1], cap_l) for b in built]
-        cap_c = max(len(b[4][0]) for b in built)
+        cap_c = max([COARSE_CAPACITY] + [len(b[4][0]) for b in built])
         coarse = [pack_rows(*b[4], cap_c) for b in built]
         works = [b[2] for b in built]
         ids = [b[3] for b in built]
