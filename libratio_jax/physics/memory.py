@@ -80,27 +80,21 @@ def kv_cache_bytes(model: A.ModelSpec, kv_format, batch, seq_len):
     return per_token * _table(F.STORAGE_BYTES)[kv_format] * batch * seq_len
 
 
-def optimizer_bytes_per_param(precision, optimizer):
-    """Optimizer-state bytes per parameter for format ids ``precision`` (any shape)."""
-    storage = _table(F.STORAGE_BYTES)[precision]
-    master = jnp.where(storage >= 4.0, 0.0, 4.0)  # FP32 weights are their own master copy
-    adam_mixed = master + 8.0
-    adam_param_dtype = 2.0 * _table(F.GRADIENT_BYTES)[precision]
-    sgd = master + 4.0
-    return jnp.where(optimizer == ADAMW, adam_mixed,
-                     jnp.where(optimizer == ADAMW_PARAM_DTYPE, adam_param_dtype, sgd))
+def optimizer_bytes_per_param(storage_bytes, optimizer):
+    """Optimizer-state bytes per parameter for parameters stored in ``storage_bytes``."""
+    master = jnp.where(storage_bytes >= 4.0, 0.0, 4.0)  # FP32 weights are their own master
+    grad = jnp.maximum(storage_bytes, 2.0)
+    return jnp.where(optimizer == ADAMW, master + 8.0,
+                     jnp.where(optimizer == ADAMW_PARAM_DTYPE, 2.0 * grad, master + 4.0))
 
 
 def format_columns(optimizer):
-    """``[F, 4]`` per-format bytes: storage, gradient, optimizer state, activation scale
-    (activation bytes / 2) for one tenant's optimizer."""
-    ids = jnp.arange(F.NUM_FORMATS)
-    return jnp.stack([
-        _table(F.STORAGE_BYTES),
-        _table(F.GRADIENT_BYTES),
-        optimizer_bytes_per_param(ids, optimizer),
-        _table(F.ACTIVATION_BYTES) / ACT16_BYTES,
-    ], axis=-1)
+    """``[F, 4]`` per-format bytes for one tenant's optimizer: storage, gradient, optimizer
+    state, activation scale (activation bytes / 2)."""
+    storage = _table(F.STORAGE_BYTES)
+    return jnp.stack([storage, jnp.maximum(storage, 2.0),
+                      optimizer_bytes_per_param(storage, optimizer),
+                      _table(F.ACTIVATION_BYTES) / ACT16_BYTES], axis=-1)
 
 
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
@@ -116,20 +110,21 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     params = jnp.where(model.valid, model.params, 0.0)
     model_shard = tp * pp
 
-    cols = F.select_columns(precision, format_columns(workload.optimizer))  # [L, 4]
+    # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
+    storage, act_bytes = F.select_columns(
+        precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
+    grad_bytes = jnp.maximum(storage, 2.0)  # == formats.GRADIENT_BYTES
+    opt_bytes = optimizer_bytes_per_param(storage, workload.optimizer)
+    act_scale = act_bytes / ACT16_BYTES
     head = model.valid & (model.kind == A.LM_HEAD)
     in_block = model.block >= 0
-    row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * cols[:, 3]
-    per_row = jnp.stack([
-        params * cols[:, 0],
-        params * cols[:, 1],
-        params * cols[:, 2],
-        jnp.where(head, params * cols[:, 1], 0.0),
-        jnp.where(in_block, row_act, 0.0),
-        jnp.where(in_block, 0.0, row_act),
-    ], axis=-1)
-    weights_total, grads_total, opt_total, grads_head, rows_act, outside_act = jnp.sum(
-        per_row, axis=0)
+    row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
+    weights_total = jnp.sum(params * storage)
+    grads_total = jnp.sum(params * grad_bytes)
+    opt_total = jnp.sum(params * opt_bytes)
+    grads_head = jnp.sum(jnp.where(head, params * grad_bytes, 0.0))
+    rows_act = jnp.sum(jnp.where(in_block, row_act, 0.0))
+    outside_act = jnp.sum(jnp.where(in_block, 0.0, row_act))
 
     weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
     grads = grads_total / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)

@@ -72,21 +72,15 @@ STABILITY_TABLE = _stability_tables()
 KV_STABILITY = np.exp(-EFFECTIVE_ROUNDOFF / (SERVE_TOLERANCE_FACTOR * KV_CACHE_TOLERANCE))
 
 
-def _log_format_columns(mode):
-    """``[F, 2]``: ``-u_eff / mode_factor`` and the log of the format's mode factor."""
-    serving = mode != TRAIN
-    neg_u = -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32) / jnp.where(
-        serving, SERVE_TOLERANCE_FACTOR, 1.0)
-    fp16 = jnp.arange(F.NUM_FORMATS) == F.FP16
-    log_factor = jnp.where(fp16 & ~serving, np.log(FP16_TRAIN_FACTOR), 0.0)
-    return jnp.stack([neg_u, log_factor.astype(jnp.float32)], axis=-1)
-
-
 def layer_log_stability(model: A.ModelSpec, mode, precision):
-    """Log score per row ``[L]`` (``log exp(-u/tol)``); padding rows 0."""
-    inv_tol = 1.0 / jnp.asarray(TOLERANCE, jnp.float32)[model.kind]
-    cols = F.select_columns(precision, _log_format_columns(mode))
-    return jnp.where(model.valid, cols[:, 0] * inv_tol + cols[:, 1], 0.0)
+    """Log score per row ``[L]`` (``-u_eff / tol``, + log 0.9 for FP16 in training);
+    padding rows 0."""
+    serving = mode != TRAIN
+    inv_tol = 1.0 / (jnp.asarray(TOLERANCE, jnp.float32)[model.kind]
+                     * jnp.where(serving, SERVE_TOLERANCE_FACTOR, 1.0))
+    (neg_u,) = F.select_columns(precision, -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32)[:, None])
+    fp16 = jnp.where((precision == F.FP16) & ~serving, np.float32(np.log(FP16_TRAIN_FACTOR)), 0.0)
+    return jnp.where(model.valid, neg_u * inv_tol + fp16, 0.0)
 
 
 def layer_stability(model: A.ModelSpec, mode, precision):

@@ -125,8 +125,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
                       pool["network_bytes_per_second"])
 
     cols = format_columns(peak, clock)
-    row = F.select_columns(precision, cols)  # [L, 5]
-    seconds_per_flop, t_fixed_gemm, act_bytes, cast, storage = (row[:, i] for i in range(5))
+    seconds_per_flop, t_fixed_gemm, act_bytes, cast, storage = F.select_columns(precision, cols)
     valid = model.valid
     is_gemm = model.flops_per_token > 0
     is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
@@ -156,9 +155,9 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     roof = jnp.where(valid, jnp.maximum(flops * seconds_per_flop, traffic / bw), 0.0)
     launches = jnp.where(valid, launch_count * fixed, 0.0)
     grad_bytes = jnp.where(valid, model.params, 0.0) * jnp.maximum(storage, 2.0)
-    roof_sum, launch_sum, grad_sum = jnp.sum(
-        jnp.stack([roof, launches, grad_bytes], axis=-1), axis=0)
-    roof_sum = roof_sum / tp
+    roof_sum = jnp.sum(roof) / tp
+    launch_sum = jnp.sum(launches)
+    grad_sum = jnp.sum(grad_bytes)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
     # reads the whole KV cache and does 4 s q_dim FLOPs per token per block.
