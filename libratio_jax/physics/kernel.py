@@ -129,7 +129,8 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
     pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
     pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
     per_tenant = jax.vmap(_tenant_metrics, in_axes=(0, 0, 0, 0, 0, None) + (0,) * 8)(
-        scenario.models, scenario.coarse_models, scenario.workloads, scenario.present, pools, c.inlet_celsius,
+        scenario.models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
+        c.inlet_celsius,
         plan.precision, plan.gpus, plan.tp, plan.pp, plan.zero_stage, plan.recompute,
         plan.kv_precision, plan.micro_batch)
     active = per_tenant["active"]
