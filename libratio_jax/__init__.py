@@ -2,11 +2,13 @@
 
     >>> import libratio_jax as lj
     >>> sc = lj.reference_scenario()
-    >>> m = lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
-    >>> bool(m.fits.all())
-    True
+    >>> plan = lj.Plan.from_choices(sc, [{"gpus": 2, "zero_stage": 3, "recompute": True}] * 4)
+    >>> m = lj.evaluate(sc, plan)
+    >>> m.fits.tolist(), bool(m.overcommitted)
+    ([True, True, True, True], False)
 """
 
+from libratio_jax.env.registry import make, registered_envs
 from libratio_jax.physics import catalog
 from libratio_jax.physics.architecture import ModelSpec
 from libratio_jax.physics.formats import FORMAT_NAMES, format_id
@@ -31,6 +33,8 @@ __all__ = [
     "evaluate",
     "evaluate_one",
     "format_id",
+    "make",
     "reference_scenario",
+    "registered_envs",
     "validate_plan",
 ]

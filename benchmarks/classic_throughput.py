@@ -1,0 +1,165 @@
+"""Steps/s of the batched JAX classic tasks vs a plain per-step Python implementation.
+
+    python benchmarks/classic_throughput.py [--episodes 262144] [--python-episodes 3000]
+
+Episodes: random actions on the seven original scenarios (reset + every step of the episode).
+JAX: one jitted ``vmap`` over episodes of a ``scan`` over steps (actions generated beforehand,
+compile time reported separately). Python: the same rules one step at a time
+(``libratio_jax.env.classic_rules``), on the first ``--python-episodes`` of the same episodes
+converted to the original JSON actions. One JSON line per task with steps/s, the ratio, and the
+ratio to the original service's measured rate on this 2-core machine (DESIGN.md §8:
+~31 k fleet_precision, ~25 k fleet_resource steps/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import libratio_jax as lj
+from libratio_jax.env import classic as C
+from libratio_jax.env import classic_rules as CR
+
+ORIGINAL_STEPS_PER_SECOND = {"fleet_precision": 31_000, "fleet_resource": 25_000}
+ENV_NAMES = {"fleet_precision": "Classic-FleetPrecision-v0",
+             "fleet_resource": "Classic-FleetResource-v0"}
+
+
+def random_actions(task: str, key, n: int, steps: int):
+    """Random actions, time-major: leaves shaped ``[steps, n, ...]``."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    if task == "fleet_precision":
+        return C.PrecisionAction(jax.random.randint(k1, (steps, n, C.NUM_TYPES), 0,
+                                                    C.NOT_GIVEN + 1))
+    shape = (steps, n, C.MODEL_CAPACITY)
+    return C.ResourceAction(
+        gpus=jax.random.randint(k1, shape, 0, 9),
+        listed=jax.random.uniform(k2, shape) < 0.95,
+        has_strategy=jax.random.uniform(k3, shape) < 0.75,
+        strategy=jax.random.randint(k4, shape + (C.NUM_TYPES,), 0, C.NOT_GIVEN + 1),
+        extra_zero_gpus=jnp.zeros((steps, n), bool))
+
+
+def make_rollout(env, params):
+    """``rollout(keys[B], actions[T, B, ...]) -> (rewards[T, B], live[T, B])``: batched reset,
+    then a ``scan`` over time of the ``vmap``-ed step (time-major, so each iteration reads
+    contiguous actions); steps after an episode's end are masked."""
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    @jax.jit
+    def rollout(keys, actions):
+        _, state = reset(keys, params)
+
+        def body(state, action):
+            _, new, reward, _, _, _ = step(keys, state, action, params)
+            live = ~state.done
+            state = jax.tree.map(
+                lambda a, b: jnp.where(live.reshape(live.shape + (1,) * (a.ndim - 1)), a, b),
+                new, state)
+            return state, (jnp.where(live, reward, 0.0), live)
+
+        _, (rewards, live) = jax.lax.scan(body, state, actions)
+        return rewards, live
+
+    return rollout
+
+
+def to_json(task, scenario, action_rows):
+    out = []
+    for a in action_rows:
+        if task == "fleet_precision":
+            out.append(C.precision_action_to_json(a))
+        else:
+            out.append(C.resource_action_to_json(a, scenario))
+    return out
+
+
+def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
+    env, params = lj.make(ENV_NAMES[task])
+    steps = 4 if task == "fleet_precision" else 5  # longest episode of the presets
+    key = jax.random.PRNGKey(0)
+    keys = jax.random.split(key, episodes)
+    actions = random_actions(task, jax.random.PRNGKey(1), episodes, steps)
+    rollout = make_rollout(env, params)
+    t0 = time.perf_counter()
+    rewards, live = jax.block_until_ready(rollout(keys, actions))
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(rollout(keys, actions))
+        times.append(time.perf_counter() - t0)
+    run_s = statistics.median(times)
+    n_steps = int(np.asarray(live).sum())
+    jax_rate = n_steps / run_s
+
+    # The same episodes through the per-step Python rules.
+    presets = C.preset_scenarios()
+    names = list(presets)
+    _, states = jax.vmap(env.reset, in_axes=(0, None))(keys[:python_episodes], params)
+    scen_idx = np.asarray(states.scenario)
+    live_np = np.asarray(live).T  # [episodes, steps]
+    episodes_json = []
+    for e in range(python_episodes):
+        sc = presets[names[scen_idx[e]]]
+        rows = [jax.tree.map(lambda x, e=e, t=t: np.asarray(x)[t, e], actions)
+                for t in range(steps) if live_np[e, t]]
+        episodes_json.append((sc, to_json(task, sc, rows)))
+    py_steps = 0
+    py_scores = []
+    t0 = time.perf_counter()
+    for sc, acts in episodes_json:
+        t = CR.TASKS[task](sc)
+        for a in acts:
+            py_scores.append(t.step(a)[0])
+            py_steps += 1
+    py_rate = py_steps / (time.perf_counter() - t0)
+    jax_scores = np.asarray(rewards).T[:python_episodes][live_np[:python_episodes]]
+    max_err = float(np.max(np.abs(jax_scores - np.asarray(py_scores))))
+    return {
+        "benchmark": "classic_throughput",
+        "task": task,
+        "device_kind": jax.devices()[0].device_kind,
+        "episodes": episodes,
+        "steps": n_steps,
+        "steps_per_second": round(jax_rate, 1),
+        "compile_seconds": round(max(first - run_s, 0.0), 3),
+        "run_seconds": round(run_s, 6),
+        "python_steps_per_second": round(py_rate, 1),
+        "speedup_vs_python": round(jax_rate / py_rate, 1),
+        "original_steps_per_second": ORIGINAL_STEPS_PER_SECOND[task],
+        "speedup_vs_original": round(jax_rate / ORIGINAL_STEPS_PER_SECOND[task], 1),
+        "max_abs_score_difference": max_err,
+    }
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=262_144)
+    ap.add_argument("--python-episodes", type=int, default=3000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    records = []
+    for task in ("fleet_precision", "fleet_resource"):
+        rec = bench(task, args.episodes, min(args.python_episodes, args.episodes), args.repeats)
+        print(json.dumps(rec), flush=True)
+        records.append(rec)
+    path = args.out or os.path.join(os.path.dirname(__file__), "results",
+                                    f"classic_throughput_{jax.devices()[0].platform}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
