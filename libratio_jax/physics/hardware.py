@@ -102,6 +102,13 @@ GPU_CATALOG: dict[str, GpuSpec] = {
         (19.5 * _TERA, 156 * _TERA, 312 * _TERA, 312 * _TERA, 0.0, 624 * _TERA, 0.0),
         400.0, _idle(400.0), 300 * _GB, 25 * _GB, 8, 89.0, 92.0, _resistance(400.0), 1.80,
     ),
+    # NVIDIA A100 datasheet (40GB SXM): HBM2 1,555 GB/s, otherwise as the 80GB part; 400 W.
+    # nvidia-smi: 40960 MiB.
+    "A100-40GB": GpuSpec(
+        "A100-40GB", 40960 * _MIB, 1.555e12,
+        (19.5 * _TERA, 156 * _TERA, 312 * _TERA, 312 * _TERA, 0.0, 624 * _TERA, 0.0),
+        400.0, _idle(400.0), 300 * _GB, 25 * _GB, 8, 89.0, 92.0, _resistance(400.0), 1.30,
+    ),
     # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e, 7.7 TB/s; FP4 18 / FP8 9 / BF16 4.5 /
     # TF32 2.2 PFLOP/s sparse -> 9 / 4.5 / 2.25 / 1.1 dense; FP32 75 TFLOP/s; INT8 9 POPS sparse;
     # 1000 W; NVLink 5 1.8 TB/s (900 GB/s per direction); ConnectX-7 400 Gb/s per GPU.

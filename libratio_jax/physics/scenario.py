@@ -113,7 +113,8 @@ class Scenario:
     axis; ``present[M]`` marks real tenants; ``model_id[M]`` indexes :func:`catalog_models`
     (-1 for a model not in the catalog). ``coarse_models`` holds the same models with all blocks
     merged (``block_groups=1``, about 14 rows): the physics of an all-BF16 plan are identical on
-    them, so the speed-up baseline is computed there.
+    them, so the speed-up baseline is computed there. ``pending[M]`` marks slots holding jobs
+    that have not arrived yet (the environment may make them present).
 
     Example:
         >>> sc = Scenario.build(ClusterSpec.uniform("H100-SXM", 8),
@@ -128,6 +129,7 @@ class Scenario:
     present: jnp.ndarray
     model_id: jnp.ndarray
     coarse_models: ModelSpec
+    pending: jnp.ndarray
 
     @property
     def num_tenants(self) -> int:
@@ -189,6 +191,7 @@ class Scenario:
             present=jnp.asarray(np.arange(cap_m) < len(built)),
             model_id=jnp.asarray(np.array(ids, np.int32)),
             coarse_models=stack(coarse),
+            pending=jnp.zeros(cap_m, bool),
         )
 
 

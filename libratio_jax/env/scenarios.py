@@ -1,0 +1,174 @@
+"""Procedural scenarios (a Jumanji-style :class:`Generator`) and named presets.
+
+Every scenario of one :class:`Capacity` has the same pytree structure and shapes (tenant slots,
+rows per model, GPU pools), so one compiled environment step serves all of them. Scenarios are
+built on the host (configs are parsed there) from a PRNG key: the same key and level always
+give the same scenario. :func:`scenario_bank` stacks many into the leading axis that
+``FleetEnv.reset`` samples from under ``jit``.
+
+Tenant slots beyond the initially present tenants hold *pending* jobs that may arrive during an
+episode (``EnvParams.arrival_probability``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from libratio_jax.physics.hardware import ClusterSpec
+from libratio_jax.physics.scenario import Scenario, Tenant
+
+LEVELS = ("easy", "medium", "hard")
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """Static shapes of a scenario class: tenant slots, rows per model, GPU pools."""
+
+    max_tenants: int = 4
+    max_layers: int = 16
+    max_pools: int = 2
+    block_groups: int | None = 1  # merged blocks: ~14 rows per model (see ModelSpec)
+
+
+DEFAULT_CAPACITY = Capacity()
+
+# Model pools per level (catalog names), GPU kinds, GPU counts, and workload ranges.
+_LEVEL_SPEC = {
+    "easy": dict(
+        models=["Qwen2.5-0.5B", "Qwen3-0.6B", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.2-3B"],
+        gpus=["H100-SXM", "H200", "A100-80GB"], counts=[8], pools=1, tenants=(1, 2),
+        pending=(0, 1), seq=[1024, 2048, 4096], train_batch=[8, 16, 32],
+        serve_batch=[16, 32, 64], inlet=(25.0, 30.0)),
+    "medium": dict(
+        models=["Llama-3.2-3B", "Qwen2.5-7B", "Mistral-7B-v0.3", "Llama-3.1-8B", "Qwen3-8B",
+                "Qwen2.5-14B", "Qwen3-30B-A3B"],
+        gpus=["H100-SXM", "H200", "A100-80GB", "MI300X"], counts=[8, 16], pools=1,
+        tenants=(2, 3), pending=(0, 1), seq=[2048, 4096, 8192], train_batch=[16, 32, 64],
+        serve_batch=[32, 64, 128], inlet=(25.0, 35.0)),
+    "hard": dict(
+        models=["Llama-3.1-8B", "Qwen3-8B", "Qwen2.5-14B", "Qwen3-30B-A3B", "Mixtral-8x7B",
+                "Llama-3.1-70B", "Qwen2.5-72B"],
+        gpus=["H100-SXM", "H200", "A100-80GB", "B200", "L40S", "MI300X", "A100-40GB"],
+        counts=[8, 16, 24], pools=2, tenants=(3, 4), pending=(0, 1),
+        seq=[4096, 8192, 16384], train_batch=[32, 64, 128], serve_batch=[64, 128, 256],
+        inlet=(30.0, 45.0)),
+}
+
+
+def _host_rng(key) -> np.random.Generator:
+    """A NumPy generator seeded by a JAX key (typed or raw): same key, same draws."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.random.default_rng([int(x) for x in np.asarray(key, np.uint32).ravel()])
+
+
+class Generator:
+    """Procedural scenarios by difficulty level.
+
+    Example:
+        >>> gen = Generator("medium")
+        >>> sc = gen(jax.random.PRNGKey(0))
+        >>> sc.num_tenants, sc.num_layers
+        (4, 16)
+    """
+
+    def __init__(self, level: str = "medium", capacity: Capacity = DEFAULT_CAPACITY):
+        if level not in LEVELS:
+            raise ValueError(f"unknown level {level!r}; valid: {', '.join(LEVELS)}")
+        self.level = level
+        self.capacity = capacity
+        self.spec = _LEVEL_SPEC[level]
+
+    def __call__(self, key) -> Scenario:
+        rng = _host_rng(key)
+        s = self.spec
+        cap = self.capacity
+        n_pools = min(s["pools"], cap.max_pools)
+        kinds = rng.choice(s["gpus"], size=n_pools, replace=False)
+        pools = [(str(k), int(rng.choice(s["counts"]))) for k in kinds]
+        cluster = ClusterSpec.mixed(pools, pool_capacity=cap.max_pools,
+                                    inlet_celsius=float(rng.uniform(*s["inlet"])))
+        n_present = int(rng.integers(s["tenants"][0], s["tenants"][1] + 1))
+        n_present = min(n_present, cap.max_tenants)
+        n_pending = min(int(rng.integers(s["pending"][0], s["pending"][1] + 1)),
+                        cap.max_tenants - n_present)
+        tenants = []
+        for _ in range(n_present + n_pending):
+            model = str(rng.choice(s["models"]))
+            serve = rng.random() < 0.5
+            seq = int(rng.choice(s["seq"]))
+            batch = int(rng.choice(s["serve_batch"] if serve else s["train_batch"]))
+            # SLO: a throughput a good plan on a share of the cluster can reach (tokens/s).
+            slo = float(rng.choice([0.5, 1.0, 2.0])) * (2_000.0 if serve else 20_000.0)
+            tenants.append(Tenant(model, dict(
+                mode="serve" if serve else "train", batch=batch, seq_len=seq,
+                priority=float(rng.choice([0.5, 1.0, 2.0, 3.0])), slo_tokens_per_second=slo)))
+        sc = Scenario.build(cluster, tenants, max_tenants=cap.max_tenants,
+                            max_layers=cap.max_layers, block_groups=cap.block_groups)
+        present = np.arange(cap.max_tenants) < n_present
+        return sc.replace(present=jnp.asarray(present), pending=jnp.asarray(
+            (np.arange(cap.max_tenants) >= n_present)
+            & (np.arange(cap.max_tenants) < n_present + n_pending)))
+
+
+# The seven fleets of the original Libratio Fleet, on real catalog models of similar size
+# (original sizes in comments), with train/serve workloads added.
+_PRESETS = {
+    "small_fleet": ([("H100-SXM", 4)], [  # 7 B, 7 B
+        ("Llama-3.1-8B", "train", 2.0), ("Qwen2.5-7B", "serve", 1.0)]),
+    "medium_fleet": ([("H100-SXM", 8)], [  # 7 B, 13 B, 7 B
+        ("Llama-3.1-8B", "train", 3.0), ("Qwen2.5-14B", "serve", 2.0),
+        ("Qwen2.5-7B", "serve", 1.0)]),
+    "large_fleet": ([("H100-SXM", 16)], [  # 13 B, 46 B, 3.8 B
+        ("Qwen2.5-14B", "train", 3.0), ("Mixtral-8x7B", "serve", 2.0),
+        ("Llama-3.2-3B", "train", 1.0)]),
+    "micro_fleet": ([("A100-40GB", 2)], [  # 3.8 B, 0.3 B
+        ("Llama-3.2-3B", "serve", 2.0), ("Qwen2.5-0.5B", "train", 1.0)]),
+    "mega_fleet": ([("H100-SXM", 32)], [  # 70 B, 13 B, 7 B, 7 B
+        ("Llama-3.1-70B", "serve", 4.0), ("Qwen2.5-14B", "train", 2.0),
+        ("Llama-3.1-8B", "train", 2.0), ("Qwen2.5-7B", "serve", 1.0)]),
+    "heterogeneous_fleet": ([("H100-SXM", 4), ("L40S", 2)], [  # 7 B, 0.43 B, 7 B
+        ("Llama-3.1-8B", "train", 3.0), ("Qwen2.5-0.5B", "serve", 1.0),
+        ("Qwen2.5-7B", "serve", 2.0)]),
+    "oversubscribed_fleet": ([("H100-SXM", 4)], [  # 13 B, 46 B, 7 B
+        ("Qwen2.5-14B", "train", 3.0), ("Mixtral-8x7B", "serve", 2.0),
+        ("Llama-3.1-8B", "train", 1.0)]),
+}
+PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
+
+
+def preset(name: str, capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
+    """A named scenario (the seven original fleets on real models)."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESET_NAMES)}")
+    pools, models = _PRESETS[name]
+    cluster = ClusterSpec.mixed(pools, pool_capacity=capacity.max_pools)
+    tenants = [Tenant(m, dict(mode=mode, batch=32 if mode == "train" else 64, seq_len=4096,
+                              priority=p,
+                              slo_tokens_per_second=20_000.0 if mode == "train" else 2_000.0))
+               for m, mode, p in models]
+    sc = Scenario.build(cluster, tenants, max_tenants=capacity.max_tenants,
+                        max_layers=capacity.max_layers, block_groups=capacity.block_groups)
+    return sc
+
+
+def scenario_bank(scenarios: Sequence[Scenario]) -> Scenario:
+    """Stack scenarios of one capacity along a new leading axis."""
+    structs = {jax.tree.structure(s) for s in scenarios}
+    shapes = {tuple(x.shape for x in jax.tree.leaves(s)) for s in scenarios}
+    if len(structs) != 1 or len(shapes) != 1:
+        raise ValueError("scenario_bank: scenarios must share one capacity")
+    return jax.tree.map(lambda *x: jnp.stack(x), *scenarios)
+
+
+def generate_bank(level: str, n: int, seed: int = 0,
+                  capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
+    """``n`` procedural scenarios of a level, stacked (keys ``fold_in(PRNGKey(seed), i)``)."""
+    gen = Generator(level, capacity)
+    base = jax.random.PRNGKey(seed)
+    return scenario_bank([gen(jax.random.fold_in(base, i)) for i in range(n)])
