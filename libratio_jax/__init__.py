@@ -11,6 +11,12 @@
 from libratio_jax.env.registry import make, registered_envs
 from libratio_jax.physics import catalog
 from libratio_jax.physics.architecture import ModelSpec
+from libratio_jax.physics.estimate import (
+    MemoryEstimate,
+    ThroughputEstimate,
+    estimate_memory,
+    estimate_throughput,
+)
 from libratio_jax.physics.formats import FORMAT_NAMES, format_id
 from libratio_jax.physics.hardware import ClusterSpec, GpuSpec
 from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one
@@ -23,13 +29,17 @@ __all__ = [
     "FORMAT_NAMES",
     "ClusterSpec",
     "GpuSpec",
+    "MemoryEstimate",
     "Metrics",
     "ModelSpec",
     "Plan",
     "Scenario",
     "Tenant",
+    "ThroughputEstimate",
     "Workload",
     "catalog",
+    "estimate_memory",
+    "estimate_throughput",
     "evaluate",
     "evaluate_one",
     "format_id",

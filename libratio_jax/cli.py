@@ -1,6 +1,10 @@
 """The ``libratio`` command line (also ``python -m libratio_jax``).
 
     libratio demo [--batch N] [--seed S]    evaluate a batch of plans on the reference scenario
+    libratio estimate-memory MODEL [options]       bytes per GPU, with the breakdown
+    libratio estimate-throughput MODEL [options]   step time and tokens/s on a GPU kind
+
+MODEL is a catalog name (``libratio_jax.catalog.models()``) or a path to a config.json.
 """
 
 from __future__ import annotations
@@ -93,11 +97,60 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--batch", type=int, default=4096)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", action="store_true", help="print one JSON line")
+    for name in ("estimate-memory", "estimate-throughput"):
+        e = sub.add_parser(name, help=f"{name.replace('-', ' ')} of one model")
+        e.add_argument("model")
+        e.add_argument("--mode", choices=["train", "serve"], default="train")
+        e.add_argument("--batch", type=int, default=1)
+        e.add_argument("--seq-len", type=int, default=4096)
+        e.add_argument("--weights", default="bf16")
+        e.add_argument("--optimizer", default="adamw",
+                       choices=["adamw", "adamw_mixed", "sgd_momentum", "sgd"])
+        e.add_argument("--optimizer-state", default=None)
+        e.add_argument("--autocast", default=None)
+        e.add_argument("--recompute", action="store_true")
+        e.add_argument("--gpus", type=int, default=1)
+        e.add_argument("--tp", type=int, default=1)
+        e.add_argument("--pp", type=int, default=1)
+        e.add_argument("--zero-stage", type=int, default=0)
+        e.add_argument("--kv-precision", default=None)
+        e.add_argument("--micro-batch", type=int, default=None)
+        e.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "estimate-throughput":
+            e.add_argument("--gpu", default="H100-SXM")
     args = parser.parse_args(argv)
+    if args.command in ("estimate-memory", "estimate-throughput"):
+        return _estimate(args, parser)
     if args.command == "demo":
         if args.batch < 1:
             parser.error("--batch must be >= 1")
         demo(args.batch, args.seed, args.json)
+    return 0
+
+
+def _estimate(args, parser) -> int:
+    from libratio_jax.physics.estimate import estimate_memory, estimate_throughput
+
+    kw = dict(mode=args.mode, batch=args.batch, seq_len=args.seq_len, weights=args.weights,
+              optimizer=args.optimizer, optimizer_state=args.optimizer_state,
+              autocast=args.autocast, recompute=args.recompute, gpus=args.gpus, tp=args.tp,
+              pp=args.pp, zero_stage=args.zero_stage, kv_precision=args.kv_precision,
+              micro_batch=args.micro_batch)
+    try:
+        if args.command == "estimate-memory":
+            est = estimate_memory(args.model, **kw)
+        else:
+            est = estimate_throughput(args.model, gpu=args.gpu, **kw)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.json:
+        print(json.dumps({"model": args.model, **kw, **est.as_dict()}))
+    else:
+        print(f"{args.model}: {args.mode}, batch {args.batch} x {args.seq_len} tokens, "
+              f"{args.gpus} GPU(s), tp {args.tp}, pp {args.pp}, ZeRO-{args.zero_stage}"
+              + (f", on {args.gpu}" if args.command == "estimate-throughput" else "")
+              + " (per GPU)")
+        print(est.table())
     return 0
 
 

@@ -88,7 +88,9 @@ def tenant_memory(model, work, t) -> dict:
         o += r["params"] * _opt_bytes(fmt, int(work["optimizer"]))
         if r["kind"] == A.LM_HEAD:
             gh += r["params"] * grad
-        a = r["act_bytes_per_token"] * float(F.ACTIVATION_BYTES[fmt]) / 2.0
+        act = float(F.ACTIVATION_BYTES[fmt])
+        scale = (4.0 + act) / 6.0 if r["kind"] == A.NORM else act / 2.0
+        a = r["act_bytes_per_token"] * scale
         if r["block"] >= 0:
             act_in += a
         else:
@@ -197,6 +199,21 @@ def tenant_step(model, work, pool, t, precision=None, kv_precision=None) -> dict
     core = (roof_sum + attn) / pp
     bubble = (m + pp - 1.0) / m if train else 1.0
     kernels = (roof_sum + launch_sum + attn) / pp * bubble
+    if train:
+        saved = sum(r["act_bytes_per_token"] for r in model["rows"]
+                    if r["valid"] and r["block"] >= 0) / max(nb, 1.0) + model[
+            "block_act_bytes_per_token"]
+        elementwise = (tokens_replica * nb * saved * THR.ELEMENTWISE_BYTES_PER_SAVED_BYTE
+                       * passes / 3.0)
+        loss = tokens_replica * model["vocab"] * THR.LOSS_BYTES_PER_LOGIT
+        w_total = sum(r["params"] * float(F.STORAGE_BYTES[f])
+                      for r, f in zip(model["rows"], precision, strict=True) if r["valid"])
+        opt_step = w_total * THR.OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / (
+            dp if t["zero_stage"] >= 1 else 1)
+        host = (nb / pp) * m * (3.0 + 2.0 * bool(t["recompute"])) * \
+            THR.HOST_SECONDS_PER_BLOCK_PASS
+        kernels = max(kernels + (elementwise + loss) / (tp * pp) / bw, host) + \
+            opt_step / (tp * pp) / bw
     if train:
         mb_bytes = mb * work["seq_len"] * model["hidden"] * 2.0
         t_tp = (nb / pp) * m * 2.0 * (passes - 1.0) * _allreduce(mb_bytes, tp, bw_tp)

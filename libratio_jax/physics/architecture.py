@@ -266,9 +266,10 @@ def _build_rows(cfg: dict):
         rows.append((ATTN_OUT, q_dim * h + h * o_bias, 2.0 * q_dim * h, q_dim, h, 1,
                      ACT16 * q_dim, b))
         rows.append((NORM, h, 0.0, h, h, 1, norm_act * h, b))
-        # Attention core (sdpa / flash): keeps q and k after RoPE, v, and the FP32 logsumexp
-        # per head; its output is o_proj's saved input (Dao 2023, FlashAttention-2 §3.1).
-        attn_core = ACT16 * (q_dim + 2 * kv_dim) + 4.0 * n_heads
+        # Attention core (sdpa / flash): keeps q and k after RoPE, v, its output and the FP32
+        # logsumexp per head (Dao 2023, FlashAttention-2 §3.1); transformers then makes the
+        # output contiguous (transpose(1, 2).contiguous()), a second copy that o_proj keeps.
+        attn_core = ACT16 * (2 * q_dim + 2 * kv_dim) + 4.0 * n_heads
         if is_moe(b):
             e, k, i = n_experts, k_experts, moe_inter
             # Router: linear h -> E without bias; keeps FP32 routing probabilities.

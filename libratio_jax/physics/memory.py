@@ -35,9 +35,12 @@ from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.scenario import ADAMW, ADAMW_PARAM_DTYPE, TRAIN
 
-# Bytes per logit element in training: bf16 logits (2) + fp32 upcast (4) + fp32 log-softmax
-# output saved for backward (4) (transformers ForCausalLMLoss upcasts logits to float32).
-LOGITS_TRAIN_BYTES_PER_ELEMENT = 10.0
+# Bytes per logit element at the training peak. At the end of the forward pass the 16-bit logits
+# (2), their FP32 upcast (4, transformers ForCausalLMLoss) and the FP32 log-softmax output saved
+# for backward (4) are alive; the loss backward briefly adds FP32 gradients. Fitted once to the
+# measured H100 peaks (../shared/vectors/measured_h100_pytorch.jsonl, recomputation runs, where
+# the logits dominate): 11 bytes, between 10 and the 14 of the worst transient.
+LOGITS_TRAIN_BYTES_PER_ELEMENT = 11.0
 # Serving keeps one position's logits per sequence: bf16 (2) + fp32 upcast in sampling (4).
 LOGITS_SERVE_BYTES_PER_ELEMENT = 6.0
 # CUDA context + cuBLAS/NCCL workspaces outside PyTorch's caching allocator: ~0.5 GiB on H100
@@ -98,10 +101,17 @@ def format_columns(optimizer):
 
 
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
-                  zero_stage, recompute, micro_batch) -> MemoryBreakdown:
+                  zero_stage, recompute, micro_batch, *, act_precision=None,
+                  optimizer_bytes=None, weight_cache_bytes=0.0) -> MemoryBreakdown:
     """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
 
-    ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1).
+    ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1). Framework knobs (used by
+    :func:`libratio_jax.estimate_memory`; ``evaluate`` leaves the defaults):
+    ``act_precision`` the format GEMMs compute and save activations in (autocast; default each
+    row's own format; norms keep the residual stream, i.e. the weights' format),
+    ``optimizer_bytes`` optimizer-state bytes per parameter (default: the workload's
+    optimizer rule), ``weight_cache_bytes`` bytes per parameter of low-precision weight copies
+    kept for backward (PyTorch autocast's cast cache).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -114,8 +124,14 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     storage, act_bytes = F.select_columns(
         precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
     grad_bytes = jnp.maximum(storage, 2.0)  # == formats.GRADIENT_BYTES
-    opt_bytes = optimizer_bytes_per_param(storage, workload.optimizer)
-    act_scale = act_bytes / ACT16_BYTES
+    opt_bytes = (optimizer_bytes_per_param(storage, workload.optimizer)
+                 if optimizer_bytes is None else optimizer_bytes)
+    gemm_act = act_bytes if act_precision is None else _table(F.ACTIVATION_BYTES)[act_precision]
+    # A norm keeps its FP32 upcast input (4 bytes) and its normalized output in the residual
+    # stream's dtype (the row's format): 4 + 2 = NORM_SAVED_BYTES_PER_ELEMENT at 16 bits.
+    is_norm = model.kind == A.NORM
+    act_scale = jnp.where(is_norm, (4.0 + act_bytes) / A.NORM_SAVED_BYTES_PER_ELEMENT,
+                          gemm_act / ACT16_BYTES)
     head = model.valid & (model.kind == A.LM_HEAD)
     in_block = model.block >= 0
     row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
@@ -130,6 +146,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     grads = grads_total / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
     grads_head = grads_head / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
     opt = opt_total / model_shard / jnp.where(zero_stage >= 1, dp, 1.0)
+    cache = jnp.sum(params) * weight_cache_bytes / model_shard
 
     # Activations saved per token: rows (scaled by the format's activation bytes) + block extras.
     blocks_act = rows_act + model.n_blocks * model.block_act_bytes_per_token
@@ -154,6 +171,8 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     activations = jnp.where(is_train, act_train, act_serve)
     logits = jnp.where(is_train, logits_train, logits_serve)
     kv = jnp.where(is_train, zero, kv)
+    # The autocast cast cache lives from the forward pass to the backward of each layer.
+    activations = activations + jnp.where(is_train, cache, zero)
     peak_train = weights + opt + jnp.maximum(grads, activations + logits + grads_head)
     peak_serve = weights + kv + activations + logits
     peak = jnp.where(is_train, peak_train, peak_serve)

@@ -56,6 +56,22 @@ ALLREDUCE_LATENCY_SECONDS = 10e-6
 # overlap; assumption, PyTorch DDP paper, Li et al. 2020, reports partial overlap).
 DP_OVERLAP = 0.5
 ACT16_BYTES = 2.0
+# Training costs outside the GEMM roofline, calibrated once on the measured H100 records
+# (../shared/vectors/measured_h100_pytorch.jsonl: PyTorch 2.11 eager + transformers 5.17):
+# - memory-bound elementwise kernels (norms with their FP32 upcasts, RoPE, SwiGLU, residual
+#   adds, casts, copies) move about this many bytes per byte their block saves for backward,
+#   over forward + backward;
+ELEMENTWISE_BYTES_PER_SAVED_BYTE = 10.0
+# - the loss: 16-bit logits written and read, their FP32 upcast, log-softmax and its gradient
+#   (about 30 bytes per logit over forward + backward);
+LOSS_BYTES_PER_LOGIT = 30.0
+# - the optimizer step reads the weights, gradients and two moments and writes the weights and
+#   the moments: ~7 x the weights' bytes for AdamW (14 B/param in BF16, 28 in FP32);
+OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE = 7.0
+# - host time: eager PyTorch issues ~100 kernels per block per pass; tiny batches are bound by
+#   the CPU (measured: ~4.3 ms per block per step at 512 tokens, whatever the width). The GPU
+#   runs asynchronously, so a step takes the longer of the host and the device time.
+HOST_SECONDS_PER_BLOCK_PASS = 1.45e-3
 
 
 @struct.dataclass
@@ -104,12 +120,15 @@ def allreduce_seconds(size_bytes, n, bandwidth):
 
 
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
-                     zero_stage, recompute, micro_batch, clock=1.0) -> StepTime:
+                     zero_stage, recompute, micro_batch, clock=1.0, *,
+                     weight_storage_bytes=None) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
     ``nvlink_bytes_per_second``, ``network_bytes_per_second``, ``gpus_per_node``.
-    ``clock`` (0, 1] scales compute rates (thermal throttling).
+    ``clock`` (0, 1] scales compute rates (thermal throttling). ``weight_storage_bytes``
+    (autocast: the master weights' bytes per parameter, e.g. 4 for AMP) makes the optimizer
+    step touch those bytes and adds a cast of every weight per micro-batch.
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -171,7 +190,30 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     core = (roof_sum + attn) / pp
     kernels_once = (roof_sum + launch_sum + attn) / pp
     bubble = jnp.where(is_train, (m + pp - 1.0) / m, 1.0)  # 1F1B (Narayanan et al. 2021 §2.2)
-    kernels = kernels_once * bubble
+    # Training extras (constants above): elementwise traffic, the loss, the optimizer step.
+    saved_per_block = (jnp.sum(jnp.where(valid & (model.block >= 0), model.act_bytes_per_token,
+                                         0.0)) / jnp.maximum(n_blocks, 1.0)
+                       + model.block_act_bytes_per_token)
+    elementwise = (tokens_replica * n_blocks * saved_per_block
+                   * ELEMENTWISE_BYTES_PER_SAVED_BYTE * (passes / 3.0))
+    loss = tokens_replica * model.vocab * LOSS_BYTES_PER_LOGIT
+    w_total = jnp.sum(w_bytes)
+    cast = 0.0
+    if weight_storage_bytes is not None:  # autocast: master weights cast every micro-batch
+        params_total = jnp.sum(jnp.where(valid, model.params, 0.0))
+        w_total = params_total * weight_storage_bytes
+        cast = m * (w_total + jnp.sum(w_bytes))
+    optimizer_step = w_total * OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / jnp.where(
+        zero_stage >= 1, dp, 1.0)  # ZeRO-1+ shards the step over data-parallel ranks
+    extras = jnp.where(is_train, (elementwise + loss + cast) / (tp * pp), 0.0)
+    # The host issues forward, backward and recomputation (which costs two passes of host
+    # time: the checkpoint wrapper re-runs the forward under autograd); the device runs
+    # asynchronously, so the larger of the two counts; the optimizer step follows.
+    host_passes = 3.0 + 2.0 * (recompute > 0)
+    host = jnp.where(is_train, (n_blocks / pp) * m * host_passes * HOST_SECONDS_PER_BLOCK_PASS,
+                     0.0)
+    kernels = jnp.maximum(kernels_once * bubble + extras / bw, host) + jnp.where(
+        is_train, optimizer_step / (tp * pp) / bw, 0.0)
 
     # Communication. Training: per block per micro-batch two all-reduces per pass except the
     # weight-gradient pass (Megatron: 2 forward, 2 backward, 2 more with recomputation);
@@ -195,3 +237,13 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
         kernel_seconds=kernels,
         busy_fraction=jnp.clip(core / step, 0.0, 1.0),
     )
+
+
+def gemm_seconds(m: float, n: float, k: float, fmt: int, peak_flops) -> float:
+    """Time of one ``[m, k] x [k, n]`` GEMM in format ``fmt`` on a GPU with ``peak_flops[C]``:
+    ``2 m n k / (peak * MFU) + t0`` (the model every row uses)."""
+    peak = np.asarray(peak_flops, np.float64)
+    cc = int(F.COMPUTE_CLASS[fmt])
+    if peak[cc] <= 0:
+        cc = F.CC_BF16
+    return 2.0 * m * n * k / (peak[cc] * MFU[cc]) + GEMM_FIXED_SECONDS[cc]

@@ -1,0 +1,134 @@
+"""estimate_memory / estimate_throughput against the measured H100 records, published numbers,
+and evaluate (one implementation, two faces); the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import shared_path
+from test_physics import _llama_cfg, _measured, _one_row_model
+
+import libratio_jax as lj
+from libratio_jax.cli import main
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.hardware import gpu_spec
+from libratio_jax.physics.throughput import gemm_seconds
+
+
+def _kw(r):
+    kw = dict(batch=r["batch"], seq_len=r["seq"], recompute=r["grad_ckpt"])
+    if r["mode"] == "train_amp":
+        kw.update(weights="fp32", autocast="bf16")
+    elif r["mode"] == "infer_bf16":
+        kw.update(mode="serve")
+    return kw
+
+
+def test_training_peak_memory_targets():
+    errors = []
+    for r in _measured():
+        if r["mode"].startswith("train"):
+            est = lj.estimate_memory(_llama_cfg(r["config"]), **_kw(r))
+            errors.append(abs(est.peak / r["peak_bytes"] - 1))
+    assert len(errors) == 60
+    assert np.median(errors) <= 0.05 and max(errors) <= 0.15, (np.median(errors), max(errors))
+
+
+def test_amp_states_and_cache():
+    r = next(x for x in _measured() if x["mode"] == "train_amp")
+    est = lj.estimate_memory(_llama_cfg(r["config"]), **_kw(r))
+    p = r["params"]
+    assert est.weights == 4 * p and est.optimizer == 8 * p and est.gradients == 4 * p
+    bf16 = lj.estimate_memory(_llama_cfg(r["config"]), batch=r["batch"], seq_len=r["seq"])
+    assert bf16.optimizer == 4 * p  # PyTorch AdamW: moments in the parameters' dtype
+    mixed = lj.estimate_memory(_llama_cfg(r["config"]), batch=1, seq_len=16,
+                               optimizer="adamw_mixed")
+    assert mixed.optimizer == 12 * p
+
+
+def test_weights_and_kv_within_one_percent():
+    for r in _measured():
+        cfg = _llama_cfg(r["config"])
+        if r["mode"] == "infer_bf16":
+            est = lj.estimate_memory(cfg, **_kw(r))
+            kv = r["after_prefill_bytes"] - r["weights_bytes"] - r["batch"] * r["config"][
+                "vocab"] * 2
+            assert est.kv_cache == pytest.approx(kv, rel=0.01)
+        if r["params"] >= 8e8:
+            est = lj.estimate_memory(cfg, **_kw(r))
+            assert est.weights == pytest.approx(r["weights_bytes"], rel=0.01)
+
+
+def test_training_tokens_per_second_target():
+    errors = []
+    for r in _measured():
+        if r["mode"].startswith("train") and r["params"] >= 8e8:
+            est = lj.estimate_throughput(_llama_cfg(r["config"]), gpu="H100-SXM", **_kw(r))
+            errors.append(abs(est.tokens_per_second / r["tokens_per_s"] - 1))
+    assert len(errors) == 40
+    assert np.median(errors) <= 0.25, np.median(errors)
+
+
+def test_fp8_gemm_speedup_within_ten_percent():
+    with open(shared_path("vectors", "measured_h100_pytorch.jsonl")) as f:
+        gemms = [json.loads(x) for x in f if '"matmul"' in x]
+    peak = gpu_spec("H100-SXM").peak_flops
+    checked = 0
+    for g in gemms:
+        if g["n"] in (4096, 8192):
+            n = g["n"]
+            predicted = gemm_seconds(n, n, n, F.BF16, peak) / gemm_seconds(n, n, n, F.FP8_E4M3,
+                                                                             peak)
+            measured = g["fp8_tflops"] / g["bf16_tflops"]
+            assert predicted == pytest.approx(measured, rel=0.10), (n, predicted, measured)
+            checked += 1
+        else:  # small GEMMs: FP8 pays little
+            assert gemm_seconds(2048, 2048, 2048, F.BF16, peak) / gemm_seconds(
+                2048, 2048, 2048, F.FP8_E4M3, peak) < 1.6
+    assert checked == 2
+
+
+@pytest.mark.parametrize("zero_stage,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6),
+                                                    (3, 1.9)])
+def test_zero_figure_1_through_estimate_memory(zero_stage, expected_gb):
+    est = lj.estimate_memory(_one_row_model(7.5e9), batch=64, seq_len=1, gpus=64,
+                             optimizer="adamw_mixed", zero_stage=zero_stage)
+    assert (est.weights + est.gradients + est.optimizer) / 1e9 == pytest.approx(expected_gb,
+                                                                                abs=0.05)
+
+
+def test_estimate_equals_evaluate():
+    """One implementation, two faces: the same configuration through both APIs."""
+    sc = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant(
+        "Qwen3-8B", dict(mode="train", batch=16, seq_len=2048, optimizer="adamw_param_dtype"))])
+    m = lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 8, "tp": 2, "zero_stage": 2,
+                                                   "recompute": True, "micro_batch": 4}]))
+    est = lj.estimate_memory("Qwen3-8B", batch=16, seq_len=2048, gpus=8, tp=2, zero_stage=2,
+                             recompute=True, micro_batch=4)
+    assert est.total == pytest.approx(float(m.memory_bytes[0]), rel=1e-5)
+    thr = lj.estimate_throughput("Qwen3-8B", batch=16, seq_len=2048, gpus=8, tp=2,
+                                 zero_stage=2, recompute=True, micro_batch=4)
+    assert thr.step_seconds == pytest.approx(float(m.step_seconds[0]), rel=1e-5)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="divide gpus"):
+        lj.estimate_memory("Llama-3.1-8B", batch=1, seq_len=8, gpus=3, tp=2)
+    with pytest.raises(ValueError, match="optimizer"):
+        lj.estimate_memory("Llama-3.1-8B", batch=1, seq_len=8, optimizer="lion")
+    with pytest.raises(ValueError, match="unknown numeric format"):
+        lj.estimate_memory("Llama-3.1-8B", batch=1, seq_len=8, weights="fp7")
+
+
+def test_cli_json_and_table(capsys):
+    assert main(["estimate-memory", "Llama-3.1-8B", "--batch", "2", "--seq-len", "1024",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    est = lj.estimate_memory("Llama-3.1-8B", batch=2, seq_len=1024)
+    assert out["peak"] == pytest.approx(est.peak)
+    assert main(["estimate-throughput", "Qwen2.5-7B", "--gpu", "H200", "--mode", "serve",
+                 "--batch", "32", "--kv-precision", "fp8"]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s" in text and "H200" in text
+    with pytest.raises(SystemExit):
+        main(["estimate-memory", "no-such-model"])
