@@ -97,6 +97,11 @@ def tenant_memory(model, work, t) -> dict:
             act_out += a
     shard = tp * pp
     weights = w / shard / (dp if t["zero_stage"] >= 3 else 1)
+    gathered = 0.0
+    if t["zero_stage"] >= 3:  # one whole layer and its gradient gathered at a time
+        gathered = max(r["params"] / max(r["count"], 1.0) * (
+            float(F.STORAGE_BYTES[f]) + max(float(F.STORAGE_BYTES[f]), 2.0))
+            for r, f in zip(model["rows"], t["precision"], strict=True) if r["valid"]) / tp
     grads = g / shard / (dp if t["zero_stage"] >= 2 else 1)
     gh = gh / shard / (dp if t["zero_stage"] >= 2 else 1)
     opt = o / shard / (dp if t["zero_stage"] >= 1 else 1)
@@ -111,13 +116,13 @@ def tenant_memory(model, work, t) -> dict:
         per_token = blocks_act * inflight + act_out
     replica = work["batch"] / dp
     if train:
-        acts = tokens_mb * per_token / tp
+        acts = tokens_mb * per_token / tp + gathered
         logits = tokens_mb * model["vocab"] * MEM.LOGITS_TRAIN_BYTES_PER_ELEMENT / tp
         kv = 0.0
         peak = weights + opt + max(grads, acts + logits + gh)
     else:
         grads = opt = 0.0
-        acts = tokens_mb * blocks_act / max(model["n_blocks"], 1.0) / tp
+        acts = tokens_mb * blocks_act / max(model["n_blocks"], 1.0) / tp + gathered
         logits = replica * model["vocab"] * MEM.LOGITS_SERVE_BYTES_PER_ELEMENT / tp
         kv = (2.0 * model["n_blocks"] * model["n_kv_heads"] * model["head_dim"]
               * float(F.STORAGE_BYTES[t["kv_precision"]]) * replica * work["seq_len"] / shard)

@@ -132,3 +132,36 @@ def test_cli_json_and_table(capsys):
     assert "tokens/s" in text and "H200" in text
     with pytest.raises(SystemExit):
         main(["estimate-memory", "no-such-model"])
+
+
+def _t5_3b_like():
+    """2,851.6 M parameters whose largest layer is t5-3b's shared 32,128 x 1,024 embedding
+    (32.9 M); the other rows are smaller. Only totals matter to the model-state estimate."""
+    from libratio_jax.physics import architecture as A
+
+    emb = 32128 * 1024
+    total = 2_851_598_336
+    rest = total - emb
+    n = 100
+    rows = [(A.EMBEDDING, emb, 0.0, 1, 1024, 1, 0.0, -1, 1)]
+    rows += [(A.MLP_IN, rest // n + (1 if i < rest % n else 0), 1.0, 1, 1, 1, 0.0, i, 1)
+             for i in range(n)]
+    # vocab=1 and no saved activations: the activations are the gathered layer alone.
+    scalars = dict(n_blocks=n, hidden=1024, n_heads=32, n_kv_heads=32, head_dim=32,
+                   vocab=1, n_experts=0, experts_per_token=0,
+                   block_act_bytes_per_token=0.0, n_rows=len(rows))
+    spec = A.pack_rows(rows, scalars, len(rows))
+    assert abs(spec.total_params - total) < 1000  # float32 rows
+    return spec
+
+
+@pytest.mark.parametrize("offload,expected_gib", [("optimizer+params", 0.12),
+                                                  ("optimizer", 0.79), ("none", 6.10)])
+def test_deepspeed_zero3_model_states_t5_3b(offload, expected_gib):
+    """DeepSpeed's documented estimate_zero3_model_states_mem_needs for t5-3b on 1 node x 8
+    GPUs (per GPU, GiB to two decimals): mixed-precision AdamW with FP32 gradient partitions
+    (2 + 4 + 12 = 18 bytes/param) plus one gathered layer (4 bytes/param of the largest)."""
+    est = lj.estimate_memory(_t5_3b_like(), batch=8, seq_len=1, gpus=8, zero_stage=3,
+                             optimizer="adamw_mixed", gradient_dtype="fp32", offload=offload)
+    states = (est.weights + est.gradients + est.optimizer + est.activations) / 2**30
+    assert round(states, 2) == expected_gib

@@ -35,6 +35,7 @@ from libratio_jax.physics.scenario import Workload
 from libratio_jax.physics.throughput import tenant_step_time
 
 OPTIMIZERS = ("adamw", "adamw_mixed", "sgd_momentum", "sgd")
+OFFLOAD = ("none", "optimizer", "optimizer+params")
 _FIELDS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache",
            "overhead", "peak", "total")
 
@@ -124,16 +125,26 @@ def estimate_memory(model: Any, *, mode: str = "train", batch: int, seq_len: int
                     optimizer_state: str | None = None, autocast: str | None = None,
                     recompute: bool = False, gpus: int = 1, tp: int = 1, pp: int = 1,
                     zero_stage: int = 0, kv_precision: str | None = None,
-                    micro_batch: int | None = None) -> MemoryEstimate:
+                    micro_batch: int | None = None, offload: str = "none",
+                    gradient_dtype: str | None = None) -> MemoryEstimate:
     """Bytes per GPU of training or serving ``model`` (catalog name, config path, dict,
     ``PretrainedConfig`` or ``ModelSpec``). ``batch`` is the global batch (sequences per step,
-    or concurrent sequences when serving); the micro-batch defaults to ``batch // dp``."""
+    or concurrent sequences when serving); the micro-batch defaults to ``batch // dp``.
+    ``offload`` moves the optimizer state (and gradient partitions), or also the parameters,
+    to CPU memory (DeepSpeed ZeRO-Offload / -Infinity); ``gradient_dtype`` sets the gradient
+    partitions' dtype (DeepSpeed keeps them in FP32; default: the weights' dtype)."""
+    if offload not in OFFLOAD:
+        raise ValueError(f"offload {offload!r} not in {OFFLOAD}")
     spec, work, prec, _, c_fmt, kv, dp, mb, opt_bytes, cache = _setup(
         model, mode, batch, seq_len, weights, optimizer, optimizer_state, autocast, gpus, tp,
         pp, zero_stage, kv_precision, micro_batch)
     mem = tenant_memory(spec, work, prec, kv, tp, pp, dp, zero_stage, int(recompute),
                         float(mb), act_precision=None if autocast is None else c_fmt,
-                        optimizer_bytes=opt_bytes, weight_cache_bytes=cache)
+                        optimizer_bytes=opt_bytes, weight_cache_bytes=cache,
+                        gradient_bytes=None if gradient_dtype is None else float(
+                            F.STORAGE_BYTES[F.format_id(gradient_dtype)]),
+                        offload_optimizer=offload != "none",
+                        offload_params=offload == "optimizer+params")
     return MemoryEstimate(**{k: float(getattr(mem, k)) for k in _FIELDS})
 
 

@@ -102,7 +102,8 @@ def format_columns(optimizer):
 
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
                   zero_stage, recompute, micro_batch, *, act_precision=None,
-                  optimizer_bytes=None, weight_cache_bytes=0.0) -> MemoryBreakdown:
+                  optimizer_bytes=None, weight_cache_bytes=0.0, gradient_bytes=None,
+                  offload_optimizer=False, offload_params=False) -> MemoryBreakdown:
     """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
 
     ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1). Framework knobs (used by
@@ -111,7 +112,16 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     row's own format; norms keep the residual stream, i.e. the weights' format),
     ``optimizer_bytes`` optimizer-state bytes per parameter (default: the workload's
     optimizer rule), ``weight_cache_bytes`` bytes per parameter of low-precision weight copies
-    kept for backward (PyTorch autocast's cast cache).
+    kept for backward (PyTorch autocast's cast cache), ``gradient_bytes`` bytes per parameter
+    of the gradient partitions (DeepSpeed keeps FP32 partitions: 4), ``offload_optimizer`` /
+    ``offload_params`` (ZeRO-Offload / ZeRO-Infinity: optimizer state, master weights and
+    gradient partitions, respectively the parameters, live in CPU memory).
+
+    Under ZeRO-3 one layer at a time is gathered whole, with its gradient, before the
+    reduce-scatter: ``largest layer params x (weight + gradient bytes)`` of working memory
+    during forward and backward, counted with the activations (DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs`` adds ``4 x largest_layer_params``; the ZeRO
+    paper's Fig. 1 counts the partitioned model states only).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -124,6 +134,9 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     storage, act_bytes = F.select_columns(
         precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
     grad_bytes = jnp.maximum(storage, 2.0)  # == formats.GRADIENT_BYTES
+    layer_grad_bytes = grad_bytes
+    if gradient_bytes is not None:
+        grad_bytes = jnp.full_like(storage, gradient_bytes)
     opt_bytes = (optimizer_bytes_per_param(storage, workload.optimizer)
                  if optimizer_bytes is None else optimizer_bytes)
     gemm_act = act_bytes if act_precision is None else _table(F.ACTIVATION_BYTES)[act_precision]
@@ -142,10 +155,18 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     rows_act = jnp.sum(jnp.where(in_block, row_act, 0.0))
     outside_act = jnp.sum(jnp.where(in_block, 0.0, row_act))
 
+    # ZeRO-3 gathers one whole layer (and its gradient) at a time.
+    per_layer = jnp.where(model.valid, model.params / jnp.maximum(model.count, 1.0), 0.0)
+    gathered = jnp.max(per_layer * (storage + layer_grad_bytes)) / tp
+    gathered = jnp.where(zero_stage >= 3, gathered, 0.0)
     weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
+    if offload_params:
+        weights = 0.0 * weights
     grads = grads_total / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
     grads_head = grads_head / model_shard / jnp.where(zero_stage >= 2, dp, 1.0)
     opt = opt_total / model_shard / jnp.where(zero_stage >= 1, dp, 1.0)
+    if offload_optimizer:
+        opt, grads, grads_head = 0.0 * opt, 0.0 * grads, 0.0 * grads_head
     cache = jnp.sum(params) * weight_cache_bytes / model_shard
 
     # Activations saved per token: rows (scaled by the format's activation bytes) + block extras.
@@ -172,7 +193,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     logits = jnp.where(is_train, logits_train, logits_serve)
     kv = jnp.where(is_train, zero, kv)
     # The autocast cast cache lives from the forward pass to the backward of each layer.
-    activations = activations + jnp.where(is_train, cache, zero)
+    activations = activations + jnp.where(is_train, cache, zero) + gathered
     peak_train = weights + opt + jnp.maximum(grads, activations + logits + grads_head)
     peak_serve = weights + kv + activations + logits
     peak = jnp.where(is_train, peak_train, peak_serve)
