@@ -165,3 +165,38 @@ def test_deepspeed_zero3_model_states_t5_3b(offload, expected_gib):
                              optimizer="adamw_mixed", gradient_dtype="fp32", offload=offload)
     states = (est.weights + est.gradients + est.optimizer + est.activations) / 2**30
     assert round(states, 2) == expected_gib
+
+
+def _extra():
+    path = __file__.replace("test_estimate.py", "data/measured_h100_extra.jsonl")
+    with open(path) as f:
+        return [json.loads(x) for x in f]
+
+
+def test_extra_h100_measurements_qwen_shapes():
+    """Measured here (benchmarks/measure_h100.py on the lent H100): Qwen2/Qwen3-shaped models
+    the shared file lacks (biases, q/k norms, head_dim != hidden/heads, 152k vocabulary)."""
+    train = [r for r in _extra() if r.get("mode") == "train_bf16"]
+    assert len(train) == 15
+    mem_err, tok_err = [], []
+    for r in train:
+        assert lj.ModelSpec.from_hf_config(r["config"]).total_params == r["params"]
+        kw = dict(batch=r["batch"], seq_len=r["seq"], recompute=r["grad_ckpt"])
+        mem_err.append(abs(lj.estimate_memory(r["config"], **kw).peak / r["peak_bytes"] - 1))
+        if r["params"] >= 8e8:
+            t = lj.estimate_throughput(r["config"], **kw).tokens_per_second
+            tok_err.append(abs(t / r["tokens_per_s"] - 1))
+    assert np.median(mem_err) <= 0.05 and max(mem_err) <= 0.15, (np.median(mem_err),
+                                                                  max(mem_err))
+    assert np.median(tok_err) <= 0.25, tok_err
+
+
+def test_extra_fp8_gemm_shapes():
+    peak = gpu_spec("H100-SXM").peak_flops
+    gemms = [r for r in _extra() if r.get("kind") == "matmul" and min(r["m"], r["n"],
+                                                                         r["k"]) >= 4096]
+    assert len(gemms) == 4
+    for g in gemms:
+        m, n, k = g["m"], g["n"], g["k"]
+        pred = gemm_seconds(m, n, k, F.BF16, peak) / gemm_seconds(m, n, k, F.FP8_E4M3, peak)
+        assert pred == pytest.approx(g["fp8_tflops"] / g["bf16_tflops"], rel=0.10)
