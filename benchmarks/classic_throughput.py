@@ -16,16 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import libratio_jax as lj
-from libratio_jax.env import classic as C
-from libratio_jax.env import classic_rules as CR
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import save_records, time_jitted  # noqa: E402
+
+import libratio_jax as lj  # noqa: E402
+from libratio_jax.env import classic as C  # noqa: E402
+from libratio_jax.env import classic_rules as CR  # noqa: E402
 
 ORIGINAL_STEPS_PER_SECOND = {"fleet_precision": 31_000, "fleet_resource": 25_000}
 ENV_NAMES = {"fleet_precision": "Classic-FleetPrecision-v0",
@@ -89,15 +93,7 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
     keys = jax.random.split(key, episodes)
     actions = random_actions(task, jax.random.PRNGKey(1), episodes, steps)
     rollout = make_rollout(env, params)
-    t0 = time.perf_counter()
-    rewards, live = jax.block_until_ready(rollout(keys, actions))
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(rollout(keys, actions))
-        times.append(time.perf_counter() - t0)
-    run_s = statistics.median(times)
+    compile_s, run_s, (rewards, live) = time_jitted(rollout, keys, actions, repeats=repeats)
     n_steps = int(np.asarray(live).sum())
     jax_rate = n_steps / run_s
 
@@ -131,7 +127,7 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
         "episodes": episodes,
         "steps": n_steps,
         "steps_per_second": round(jax_rate, 1),
-        "compile_seconds": round(max(first - run_s, 0.0), 3),
+        "compile_seconds": round(compile_s, 3),
         "run_seconds": round(run_s, 6),
         "python_steps_per_second": round(py_rate, 1),
         "speedup_vs_python": round(jax_rate / py_rate, 1),
@@ -154,11 +150,7 @@ def main(argv=None) -> None:
         rec = bench(task, args.episodes, min(args.python_episodes, args.episodes), args.repeats)
         print(json.dumps(rec), flush=True)
         records.append(rec)
-    path = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                    f"classic_throughput_{jax.devices()[0].platform}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(records, f, indent=1)
+    save_records("classic_throughput", records, args.out)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
+import sys
 
 import jax
 
-import libratio_jax as lj
-from libratio_jax.env.wrappers import AutoResetWrapper
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import save_records, time_jitted  # noqa: E402
+
+import libratio_jax as lj  # noqa: E402
+from libratio_jax.env.wrappers import AutoResetWrapper  # noqa: E402
 
 
 def make_run(env, base, params, n_envs, n_steps):
@@ -56,29 +59,17 @@ def main(argv=None):
         env = AutoResetWrapper(base)
         for n in args.envs:
             run = make_run(env, base, params, n, args.steps)
-            t0 = time.perf_counter()
-            jax.block_until_ready(run(jax.random.PRNGKey(0)))
-            first = time.perf_counter() - t0
-            times = []
-            for r in range(args.repeats):
-                t0 = time.perf_counter()
-                jax.block_until_ready(run(jax.random.PRNGKey(r + 1)))
-                times.append(time.perf_counter() - t0)
-            run_s = statistics.median(times)
+            compile_s, run_s, _ = time_jitted(run, jax.random.PRNGKey(0), repeats=args.repeats)
             rec = {"benchmark": "env_throughput", "env": args.env, "reward_mode": mode,
                    "device_kind": jax.devices()[0].device_kind, "envs": n, "steps": args.steps,
                    "agents": base.num_agents,
                    "env_steps_per_second": round(n * args.steps / run_s, 1),
                    "agent_steps_per_second": round(n * args.steps * base.num_agents / run_s, 1),
-                   "compile_seconds": round(max(first - run_s, 0.0), 3),
+                   "compile_seconds": round(compile_s, 3),
                    "run_seconds": round(run_s, 4)}
             print(json.dumps(rec), flush=True)
             records.append(rec)
-    path = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                    f"env_throughput_{jax.devices()[0].platform}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(records, f, indent=1)
+    save_records("env_throughput", records, args.out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -21,8 +20,10 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import reference as R  # noqa: E402
+from common import save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics.kernel import evaluate_one  # noqa: E402
@@ -51,15 +52,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     fn = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))
     for batch in batches:
         plans = _tile(base, batch)
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(sc, plans))
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(sc, plans))
-            times.append(time.perf_counter() - t0)
-        run_s = statistics.median(times)
+        compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats)
         rate = batch / run_s
         rec = {
             "benchmark": "evaluate_throughput",
@@ -70,7 +63,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
             "layers": sc.num_layers,
             "block_groups": block_groups,
             "plans_per_second": round(rate, 1),
-            "compile_seconds": round(max(first - run_s, 0.0), 3),
+            "compile_seconds": round(compile_s, 3),
             "run_seconds": round(run_s, 6),
             "reference_plans_per_second": round(ref_rate, 2),
             "speedup_vs_reference": round(rate / ref_rate, 1),
@@ -92,12 +85,7 @@ def main(argv=None) -> None:
     records: list = []
     for g in args.block_groups:
         run(args.batches, g or None, args.repeats, args.reference_plans, records)
-    path = args.out or os.path.join(
-        os.path.dirname(__file__), "results",
-        f"evaluate_throughput_{jax.devices()[0].platform}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(records, f, indent=1)
+    save_records("evaluate_throughput", records, args.out)
 
 
 if __name__ == "__main__":
