@@ -51,18 +51,19 @@ _MAX_GPUS_PER_POOL = 64
 @struct.dataclass
 class EnvParams:
     """What may vary without recompiling: the scenario distribution (a bank of scenarios of
-    one capacity, ``[K, ...]``, and its weights), reward weights, horizon and dynamics."""
+    one capacity, ``[K, ...]``, and its weights), reward weights, horizon and dynamics.
+    Build with :func:`make_params` (defaults in ``DEFAULT_DYNAMICS``)."""
 
     bank: Scenario
     bank_weights: jnp.ndarray
     reward: compose.RewardParams
-    max_steps: jnp.ndarray = 8
-    round_seconds: jnp.ndarray = 10.0
-    room_heating_celsius: jnp.ndarray = 10.0
-    room_tau_seconds: jnp.ndarray = 120.0
-    batch_drift: jnp.ndarray = 0.1
-    gpu_failure_probability: jnp.ndarray = 0.002
-    arrival_probability: jnp.ndarray = 0.2
+    max_steps: jnp.ndarray
+    round_seconds: jnp.ndarray
+    room_heating_celsius: jnp.ndarray
+    room_tau_seconds: jnp.ndarray
+    batch_drift: jnp.ndarray
+    gpu_failure_probability: jnp.ndarray
+    arrival_probability: jnp.ndarray
 
 
 @struct.dataclass
@@ -70,7 +71,6 @@ class EnvState:
     scenario: Scenario  # the evolving scenario of this episode
     base_batch: jnp.ndarray  # [M] the scenario's batch (drift reverts to it)
     base_inlet_celsius: jnp.ndarray
-    base_gpu_count: jnp.ndarray  # [P] before failures
     temperature_celsius: jnp.ndarray  # [M] lagged GPU temperature
     last_plan: Plan
     t: jnp.ndarray
@@ -116,7 +116,7 @@ class FleetEnv:
         plan = self._idle_plan(sc)
         state = EnvState(
             scenario=sc, base_batch=sc.workloads.batch,
-            base_inlet_celsius=sc.cluster.inlet_celsius, base_gpu_count=sc.cluster.gpu_count,
+            base_inlet_celsius=sc.cluster.inlet_celsius,
             temperature_celsius=jnp.full(self.num_agents, sc.cluster.inlet_celsius),
             last_plan=plan, t=jnp.int32(0), info=self._zero_info(sc, plan, params))
         return self._observation(state, None), state
