@@ -26,7 +26,7 @@ import reference as R  # noqa: E402
 from common import save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
-from libratio_jax.physics.kernel import evaluate_one  # noqa: E402
+from libratio_jax.physics.kernel import evaluate_batch  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     sc = lj.reference_scenario(block_groups=block_groups)
     base = sample_plans(sc, 4096, seed=0)
     ref_rate = reference_rate(sc, base, reference_plans)
-    fn = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))
+    fn = jax.jit(evaluate_batch)  # what lj.evaluate runs after validation
     for batch in batches:
         plans = _tile(base, batch)
         compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats)

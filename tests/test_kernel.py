@@ -125,3 +125,15 @@ def test_float_inputs_are_traced_without_validation():
     plans = sample_plans(sc, 4, seed=1)
     out = jax.jit(lambda p: lj.evaluate(sc, p).stability)(plans)
     assert out.shape == (4, 4) and jnp.all(jnp.isfinite(out))
+
+
+def test_chunked_batch_equals_single_pass(monkeypatch):
+    """Batches above the CPU chunk size run as a lax.map over chunks, padded then cut."""
+    from libratio_jax.physics import kernel
+
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 10, seed=8)
+    whole = jax.jit(kernel.evaluate_batch)(sc, plans)
+    monkeypatch.setattr(kernel, "CPU_CHUNK", 4)  # 3 chunks, 2 padded plans
+    chunked = jax.jit(kernel.evaluate_batch)(sc, plans)
+    chex.assert_trees_all_close(whole, chunked, rtol=1e-6)

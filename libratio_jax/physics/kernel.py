@@ -150,12 +150,46 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
     )
 
 
+# On CPU, evaluating a large batch in chunks keeps the intermediates in cache: measured on the
+# 2-core machine, 4,096-plan chunks run about 2x faster than one 65,536-plan pass. GPUs want
+# the whole batch at once.
+CPU_CHUNK = 4096
+
+
+def evaluate_batch(scenario: Scenario, plan: Plan) -> Metrics:
+    """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``.
+
+    ``vmap`` of :func:`evaluate_one`; on CPU, batches larger than ``CPU_CHUNK`` run as a
+    ``lax.map`` over chunks (padded with copies of the first plan, then cut)."""
+    fn = jax.vmap(evaluate_one, in_axes=(None, 0))
+    b = plan.gpus.shape[0]
+    if jax.default_backend() != "cpu" or b <= CPU_CHUNK:
+        return fn(scenario, plan)
+    n = -(-b // CPU_CHUNK)
+    pad = n * CPU_CHUNK - b
+
+    def chunk(x):
+        if pad:
+            x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad,) + x.shape[1:])])
+        return x.reshape((n, CPU_CHUNK) + x.shape[1:])
+
+    out = jax.lax.map(lambda p: fn(scenario, p), jax.tree.map(chunk, plan))
+    return jax.tree.map(lambda x: x.reshape((n * CPU_CHUNK,) + x.shape[2:])[:b], out)
+
+
 @functools.cache
-def _batched(n_batch_axes: int):
-    fn = evaluate_one
-    for _ in range(n_batch_axes):
-        fn = jax.vmap(fn, in_axes=(None, 0))
-    return jax.jit(fn)
+def _batched(batch_shape: tuple[int, ...]):
+    """Jitted evaluation of plans with leading axes ``batch_shape`` (flattened to one)."""
+
+    def run(scenario, plan):
+        if not batch_shape:
+            return evaluate_one(scenario, plan)
+        k = len(batch_shape)
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
+        out = evaluate_batch(scenario, flat)
+        return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
+
+    return jax.jit(run)
 
 
 def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metrics:
@@ -173,4 +207,4 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
     n_batch = plan.precision.ndim - 2
     if n_batch < 0:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {plan.precision.shape}")
-    return _batched(n_batch)(scenario, plan)
+    return _batched(tuple(plan.precision.shape[:n_batch]))(scenario, plan)
