@@ -45,7 +45,7 @@ from libratio_jax.rewards import compose, difference, ird
 REWARD_MODES = ("team", "difference", "local")
 OBS_DIM = 24
 THERMAL_TAU_SECONDS = 21.5  # H100 die, measured (DESIGN.md §8)
-_MAX_GPUS_PER_POOL = 64
+_MAX_GPUS_PER_POOL = 64  # failure draws per pool per round (larger pools: only 64 can fail)
 
 
 @struct.dataclass
