@@ -13,13 +13,14 @@ episode (``EnvParams.arrival_probability``).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from libratio_jax.physics.hardware import ClusterSpec
+from libratio_jax.physics.hardware import DEFAULT_INLET_CELSIUS, ClusterSpec
 from libratio_jax.physics.scenario import Scenario, Tenant
 
 LEVELS = ("easy", "medium", "hard")
@@ -67,6 +68,63 @@ def _host_rng(key) -> np.random.Generator:
     return np.random.default_rng([int(x) for x in np.asarray(key, np.uint32).ravel()])
 
 
+_WORKLOAD_KEYS = ("mode", "batch", "seq_len", "priority", "slo_tokens_per_second")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioRecipe:
+    """Everything needed to rebuild a scenario exactly, as plain values (JSON-able).
+
+    ``pools``: ``((gpu_kind, count), ...)``; ``inlet_celsius``; ``tenants``: one dict per tenant
+    slot in use (``model`` plus the :class:`~libratio_jax.Workload` fields ``mode``, ``batch``,
+    ``seq_len``, ``priority``, ``slo_tokens_per_second``); the first ``n_present`` tenants are
+    present, the rest are pending jobs. :meth:`build` gives the :class:`Scenario` at a
+    :class:`Capacity`; :meth:`to_json` / :meth:`from_json` are a compact, exact encoding
+    (floats round-trip through ``repr``), which the TRL dataset stores per row.
+
+    Example:
+        >>> r = Generator("easy").recipe(jax.random.PRNGKey(3))
+        >>> ScenarioRecipe.from_json(r.to_json()) == r
+        True
+    """
+
+    pools: tuple[tuple[str, int], ...]
+    inlet_celsius: float
+    tenants: tuple[dict, ...]
+    n_present: int
+
+    def build(self, capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
+        cluster = ClusterSpec.mixed(list(self.pools), pool_capacity=capacity.max_pools,
+                                    inlet_celsius=self.inlet_celsius)
+        tenants = [Tenant(t["model"], {k: t[k] for k in _WORKLOAD_KEYS if k in t})
+                   for t in self.tenants]
+        sc = Scenario.build(cluster, tenants, max_tenants=capacity.max_tenants,
+                            max_layers=capacity.max_layers, block_groups=capacity.block_groups)
+        slot = np.arange(capacity.max_tenants)
+        return sc.replace(present=jnp.asarray(slot < self.n_present),
+                          pending=jnp.asarray((slot >= self.n_present)
+                                              & (slot < len(self.tenants))))
+
+    def to_json(self) -> str:
+        return json.dumps({"pools": [list(p) for p in self.pools],
+                           "inlet_celsius": self.inlet_celsius,
+                           "tenants": list(self.tenants), "n_present": self.n_present},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ScenarioRecipe:
+        """Parse :meth:`to_json` output; raises ValueError on anything else."""
+        try:
+            d = json.loads(text)
+            pools = tuple((str(k), int(n)) for k, n in d["pools"])
+            tenants = tuple(dict(t) for t in d["tenants"])
+            if not all(isinstance(t.get("model"), str) for t in tenants):
+                raise ValueError("every tenant needs a model name")
+            return cls(pools, float(d["inlet_celsius"]), tenants, int(d["n_present"]))
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise ValueError(f"not a scenario recipe: {e}") from None
+
+
 class Generator:
     """Procedural scenarios by difficulty level.
 
@@ -84,15 +142,15 @@ class Generator:
         self.capacity = capacity
         self.spec = _LEVEL_SPEC[level]
 
-    def __call__(self, key) -> Scenario:
+    def recipe(self, key) -> ScenarioRecipe:
+        """The host-side recipe of the scenario that ``self(key)`` builds."""
         rng = _host_rng(key)
         s = self.spec
         cap = self.capacity
         n_pools = min(s["pools"], cap.max_pools)
         kinds = rng.choice(s["gpus"], size=n_pools, replace=False)
-        pools = [(str(k), int(rng.choice(s["counts"]))) for k in kinds]
-        cluster = ClusterSpec.mixed(pools, pool_capacity=cap.max_pools,
-                                    inlet_celsius=float(rng.uniform(*s["inlet"])))
+        pools = tuple((str(k), int(rng.choice(s["counts"]))) for k in kinds)
+        inlet = float(rng.uniform(*s["inlet"]))
         n_present = int(rng.integers(s["tenants"][0], s["tenants"][1] + 1))
         n_present = min(n_present, cap.max_tenants)
         n_pending = min(int(rng.integers(s["pending"][0], s["pending"][1] + 1)),
@@ -105,15 +163,13 @@ class Generator:
             batch = int(rng.choice(s["serve_batch"] if serve else s["train_batch"]))
             # SLO: a throughput a good plan on a share of the cluster can reach (tokens/s).
             slo = float(rng.choice([0.5, 1.0, 2.0])) * (2_000.0 if serve else 20_000.0)
-            tenants.append(Tenant(model, dict(
-                mode="serve" if serve else "train", batch=batch, seq_len=seq,
-                priority=float(rng.choice([0.5, 1.0, 2.0, 3.0])), slo_tokens_per_second=slo)))
-        sc = Scenario.build(cluster, tenants, max_tenants=cap.max_tenants,
-                            max_layers=cap.max_layers, block_groups=cap.block_groups)
-        present = np.arange(cap.max_tenants) < n_present
-        return sc.replace(present=jnp.asarray(present), pending=jnp.asarray(
-            (np.arange(cap.max_tenants) >= n_present)
-            & (np.arange(cap.max_tenants) < n_present + n_pending)))
+            tenants.append(dict(model=model, mode="serve" if serve else "train", batch=batch,
+                                seq_len=seq, priority=float(rng.choice([0.5, 1.0, 2.0, 3.0])),
+                                slo_tokens_per_second=slo))
+        return ScenarioRecipe(pools, inlet, tuple(tenants), n_present)
+
+    def __call__(self, key) -> Scenario:
+        return self.recipe(key).build(self.capacity)
 
 
 # The seven fleets of the original Libratio Fleet, on real catalog models of similar size
@@ -142,19 +198,21 @@ _PRESETS = {
 PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
 
-def preset(name: str, capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
-    """A named scenario (the seven original fleets on real models)."""
+def preset_recipe(name: str) -> ScenarioRecipe:
+    """The recipe of a named scenario (the seven original fleets on real models)."""
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESET_NAMES)}")
     pools, models = _PRESETS[name]
-    cluster = ClusterSpec.mixed(pools, pool_capacity=capacity.max_pools)
-    tenants = [Tenant(m, dict(mode=mode, batch=32 if mode == "train" else 64, seq_len=4096,
-                              priority=p,
-                              slo_tokens_per_second=20_000.0 if mode == "train" else 2_000.0))
-               for m, mode, p in models]
-    sc = Scenario.build(cluster, tenants, max_tenants=capacity.max_tenants,
-                        max_layers=capacity.max_layers, block_groups=capacity.block_groups)
-    return sc
+    tenants = tuple(dict(model=m, mode=mode, batch=32 if mode == "train" else 64, seq_len=4096,
+                         priority=p,
+                         slo_tokens_per_second=20_000.0 if mode == "train" else 2_000.0)
+                    for m, mode, p in models)
+    return ScenarioRecipe(tuple(pools), DEFAULT_INLET_CELSIUS, tenants, len(tenants))
+
+
+def preset(name: str, capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
+    """A named scenario (the seven original fleets on real models)."""
+    return preset_recipe(name).build(capacity)
 
 
 def scenario_bank(scenarios: Sequence[Scenario]) -> Scenario:

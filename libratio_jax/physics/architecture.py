@@ -16,6 +16,7 @@ import os
 from importlib import resources
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -350,6 +351,12 @@ def build_rows(cfg: dict, block_groups: int | None = None):
 
 
 def pack_rows(rows, scalars, cap: int) -> ModelSpec:
+    """A :class:`ModelSpec` of ``rows`` padded to ``cap`` (device arrays)."""
+    return jax.device_put(pack_rows_host(rows, scalars, cap))
+
+
+def pack_rows_host(rows, scalars, cap: int) -> ModelSpec:
+    """:func:`pack_rows` with NumPy leaves (for building many scenarios on the host)."""
     n = len(rows)
     a = np.zeros((cap, 9), np.float64)
     a[:n] = np.array(rows, np.float64)
@@ -357,18 +364,18 @@ def pack_rows(rows, scalars, cap: int) -> ModelSpec:
     block[:n] = a[:n, 7].astype(np.int32)
     kind = np.full(cap, NORM, np.int32)
     kind[:n] = a[:n, 0].astype(np.int32)
-    f32 = lambda x: jnp.asarray(np.asarray(x, np.float32))  # noqa: E731
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
     return ModelSpec(
-        kind=jnp.asarray(kind),
+        kind=kind,
         params=f32(a[:, 1]),
         flops_per_token=f32(a[:, 2]),
         in_dim=f32(np.where(np.arange(cap) < n, a[:, 3], 1.0)),
         out_dim=f32(np.where(np.arange(cap) < n, a[:, 4], 1.0)),
         gemm_instances=f32(a[:, 5]),
         act_bytes_per_token=f32(a[:, 6]),
-        block=jnp.asarray(block),
+        block=block,
         count=f32(a[:, 8]),
-        valid=jnp.asarray(np.arange(cap) < n),
+        valid=np.arange(cap) < n,
         n_blocks=f32(scalars["n_blocks"]),
         hidden=f32(scalars["hidden"]),
         n_heads=f32(scalars["n_heads"]),
@@ -378,7 +385,7 @@ def pack_rows(rows, scalars, cap: int) -> ModelSpec:
         n_experts=f32(scalars["n_experts"]),
         experts_per_token=f32(scalars["experts_per_token"]),
         block_act_bytes_per_token=f32(scalars["block_act_bytes_per_token"]),
-        n_rows=jnp.asarray(np.int32(n)),
+        n_rows=np.asarray(np.int32(n)),
     )
 
 

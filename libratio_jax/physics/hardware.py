@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -227,14 +228,14 @@ class ClusterSpec:
         counts += [0] * pad
 
         def arr(f, dtype=np.float32):
-            return jnp.asarray(np.array([f(s) for s in specs], dtype=dtype))
+            return np.array([f(s) for s in specs], dtype=dtype)
 
-        return cls(
-            gpu_count=jnp.asarray(np.array(counts, np.int32)),
+        host = dict(
+            gpu_count=np.array(counts, np.int32),
             gpu_kind=arr(lambda s: GPU_NAMES.index(s.name), np.int32),
             hbm_bytes=arr(lambda s: s.hbm_bytes),
             hbm_bytes_per_second=arr(lambda s: s.hbm_bytes_per_second),
-            peak_flops=jnp.asarray(np.array([s.peak_flops for s in specs], np.float32)),
+            peak_flops=np.array([s.peak_flops for s in specs], np.float32),
             tdp_watts=arr(lambda s: s.tdp_watts),
             idle_watts=arr(lambda s: s.idle_watts),
             nvlink_bytes_per_second=arr(lambda s: s.nvlink_bytes_per_second),
@@ -246,10 +247,11 @@ class ClusterSpec:
                 lambda s: s.thermal_resistance_celsius_per_watt
             ),
             price_per_gpu_hour=arr(lambda s: s.price_per_gpu_hour),
-            valid=jnp.asarray(np.arange(cap) < len(items)),
-            inlet_celsius=jnp.asarray(np.float32(inlet_celsius)),
-            power_cap_watts=jnp.asarray(np.float32(power_cap_watts)),
+            valid=np.arange(cap) < len(items),
+            inlet_celsius=np.asarray(np.float32(inlet_celsius)),
+            power_cap_watts=np.asarray(np.float32(power_cap_watts)),
         )
+        return cls(**jax.device_put(host))
 
     @classmethod
     def uniform(cls, gpu_kind: str, count: int, **kwargs) -> ClusterSpec:

@@ -11,6 +11,7 @@ tracing; inside ``jit`` the physics stay finite for any integer inputs (``dp`` i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ LAYER_GROUPS: dict[str, tuple[int, ...]] = {
 # Groups applied first are overridden by more specific ones later.
 _GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "experts",
                 "embedding", "router", "moe_router", "norm", "lm_head")
+# Group -> [NUM_KINDS] bool: which row kinds a group covers (a lookup, faster than np.isin).
+_GROUP_KINDS = {g: np.isin(np.arange(A.NUM_KINDS), ks) for g, ks in LAYER_GROUPS.items()}
 DEFAULT_PRECISION = {"default": "bf16"}
 
 _INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
@@ -86,41 +89,59 @@ class Plan:
             >>> p.precision.shape
             (4, 399)
         """
-        m, l = scenario.num_tenants, scenario.num_layers
-        n_present = int(np.sum(np.asarray(scenario.present)))
-        if len(choices) > m:
-            raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
-        kinds = np.asarray(scenario.models.kind)
-        blocks = np.asarray(scenario.models.block)
-        prec = np.full((m, l), F.BF16, np.int32)
-        ints = {k: np.zeros(m, np.int32) for k in _INT_FIELDS}
-        ints["tp"][:] = ints["pp"][:] = ints["micro_batch"][:] = 1
-        ints["kv_precision"][:] = F.BF16
-        for i, ch in enumerate(choices):
-            if not isinstance(ch, Mapping):
-                raise ValueError(f"plan: tenant {i} choices must be a mapping")
-            unknown = set(ch) - {"precision", *_INT_FIELDS}
-            if unknown:
-                raise ValueError(f"plan: tenant {i}: unknown fields {sorted(unknown)}")
-            prec[i] = _expand_precision(ch.get("precision", DEFAULT_PRECISION), kinds[i],
-                                        blocks[i], f"plan: tenant {i} precision")
-            ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), f"tenant {i} gpus")
-            for k in ("tp", "pp", "micro_batch"):
-                ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
-            ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
-            ints["recompute"][i] = int(bool(ch.get("recompute", False)))
-            ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
-            try:
-                ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
-            except ValueError as e:
-                raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
-        return cls(precision=jnp.asarray(prec),
-                   **{k: jnp.asarray(v) for k, v in ints.items()})
+        arrays = choices_to_arrays(np.asarray(scenario.models.kind),
+                                   np.asarray(scenario.models.block),
+                                   np.asarray(scenario.models.valid),
+                                   int(np.sum(np.asarray(scenario.present))), choices)
+        return cls(**{k: jnp.asarray(v) for k, v in arrays.items()})
+
+
+def choices_to_arrays(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_present: int,
+                      choices: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The NumPy core of :meth:`Plan.from_choices`: plan fields as host arrays.
+
+    ``kinds``, ``blocks``, ``valid``: ``[M, L]`` row tables of the scenario's models. Padding
+    rows (``valid`` False) always hold BF16 and absent tenants the idle defaults, so two plans
+    that mean the same thing have identical arrays. Raises ValueError naming the field.
+    """
+    m, l = kinds.shape
+    if len(choices) > m:
+        raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
+    prec = np.full((m, l), F.BF16, np.int32)
+    ints = {k: np.zeros(m, np.int32) for k in _INT_FIELDS}
+    ints["tp"][:] = ints["pp"][:] = ints["micro_batch"][:] = 1
+    ints["kv_precision"][:] = F.BF16
+    for i, ch in enumerate(choices):
+        if not isinstance(ch, Mapping):
+            raise ValueError(f"plan: tenant {i} choices must be a mapping")
+        unknown = set(ch) - {"precision", *_INT_FIELDS}
+        if unknown:
+            raise ValueError(f"plan: tenant {i}: unknown fields {sorted(unknown)}")
+        rows = _expand_precision(ch.get("precision", DEFAULT_PRECISION), kinds[i], blocks[i],
+                                 f"plan: tenant {i} precision")
+        prec[i] = np.where(valid[i], rows, F.BF16)
+        ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), f"tenant {i} gpus")
+        for k in ("tp", "pp", "micro_batch"):
+            ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
+        ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
+        ints["recompute"][i] = int(bool(ch.get("recompute", False)))
+        ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
+        try:
+            ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
+        except ValueError as e:
+            raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
+    return {"precision": prec, **ints}
+
+
+# Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
+_INT_LIMIT = 2**24
 
 
 def _int(v: Any, field: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer, float)) or int(v) != v:
+    if not _is_integral(v):
         raise ValueError(f"plan: {field} must be an integer, got {v!r}")
+    if abs(int(v)) > _INT_LIMIT:
+        raise ValueError(f"plan: {field} = {v!r} is out of range")
     return int(v)
 
 
@@ -153,19 +174,45 @@ def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: 
             out[rows_mask] = fid(groups["default"], where)
         for g in _GROUP_ORDER:
             if g in groups:
-                out[rows_mask & np.isin(kinds, LAYER_GROUPS[g])] = fid(groups[g], g)
+                out[rows_mask & _GROUP_KINDS[g][kinds]] = fid(groups[g], g)
 
     apply({k: v for k, v in spec.items() if k in LAYER_GROUPS}, np.ones_like(kinds, bool), "")
-    for b, groups in (spec.get("blocks") or {}).items():
-        if int(b) != b or not (0 <= int(b) <= blocks.max()):
+    for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
+        b = _index(b, f"{field}: block")
+        if not (0 <= b <= blocks.max()):
             raise ValueError(f"{field}: block {b!r} out of range")
         apply(groups if isinstance(groups, Mapping) else {"default": groups},
-              blocks == int(b), f"blocks[{b}]")
-    for r, v in (spec.get("layers") or {}).items():
-        if int(r) != r or not (0 <= int(r) < len(kinds)):
+              blocks == b, f"blocks[{b}]")
+    for r, v in _mapping(spec.get("layers"), f"{field}['layers']").items():
+        r = _index(r, f"{field}: layer row")
+        if not (0 <= r < len(kinds)):
             raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
-        out[int(r)] = fid(v, f"layers[{r}]")
+        out[r] = fid(v, f"layers[{r}]")
     return out
+
+
+def _is_integral(x: Any) -> bool:
+    """An int, or a finite float with an integer value (not a bool)."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    return isinstance(x, (float, np.floating)) and math.isfinite(x) and x == int(x)
+
+
+def _mapping(x: Any, field: str) -> Mapping:
+    if x is None:
+        return {}
+    if not isinstance(x, Mapping):
+        raise ValueError(f"{field} must be a mapping")
+    return x
+
+
+def _index(x: Any, field: str) -> int:
+    """An integer index from an int (or an integral float); ValueError otherwise."""
+    if not _is_integral(x):
+        raise ValueError(f"{field} {x!r} is not an integer")
+    return int(x)
 
 
 def validate_plan(scenario, plan: Plan) -> None:

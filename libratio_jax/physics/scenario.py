@@ -8,6 +8,7 @@ pools) have the same pytree structure and shapes, so one compiled function serve
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from libratio_jax.physics.architecture import (
     build_rows,
     catalog_models,
     load_config_dict,
-    pack_rows,
+    pack_rows_host,
 )
 from libratio_jax.physics.hardware import ClusterSpec
 
@@ -161,10 +162,10 @@ class Scenario:
         for i, t in enumerate(tenants):
             if not isinstance(t, Tenant):
                 raise ValueError(f"tenants[{i}] must be a Tenant, got {type(t).__name__}")
-            cfg = load_config_dict(t.model)
-            rows, scalars = build_rows(cfg, block_groups)
-            coarse = build_rows(cfg, 1)
-            mid = names.index(t.model) if isinstance(t.model, str) and t.model in names else -1
+            catalog = isinstance(t.model, str) and t.model in names
+            rows, scalars, coarse = (_catalog_rows(t.model, block_groups) if catalog
+                                     else _rows(load_config_dict(t.model), block_groups))
+            mid = names.index(t.model) if catalog else -1
             built.append((rows, scalars, t.workload_pytree(), mid, coarse))
         n_rows = max(len(b[0]) for b in built)
         cap_l = n_rows if max_layers is None else int(max_layers)
@@ -173,9 +174,9 @@ class Scenario:
         cap_m = len(built) if max_tenants is None else int(max_tenants)
         if cap_m < len(built):
             raise ValueError(f"scenario: {len(built)} tenants exceed max_tenants={cap_m}")
-        specs = [pack_rows(b[0], b[1], cap_l) for b in built]
+        specs = [pack_rows_host(b[0], b[1], cap_l) for b in built]
         cap_c = max([COARSE_CAPACITY] + [len(b[4][0]) for b in built])
-        coarse = [pack_rows(*b[4], cap_c) for b in built]
+        coarse = [pack_rows_host(*b[4], cap_c) for b in built]
         works = [b[2] for b in built]
         ids = [b[3] for b in built]
         pad = cap_m - len(built)
@@ -183,16 +184,25 @@ class Scenario:
         coarse += [coarse[0]] * pad
         works += [works[0]] * pad
         ids += [-1] * pad
-        stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
-        return cls(
-            cluster=cluster,
-            models=stack(specs),
-            workloads=stack(works),
-            present=jnp.asarray(np.arange(cap_m) < len(built)),
-            model_id=jnp.asarray(np.array(ids, np.int32)),
-            coarse_models=stack(coarse),
-            pending=jnp.zeros(cap_m, bool),
-        )
+        # Stack on the host, then one transfer per leaf (much faster than stacking
+        # device arrays: building scenarios is on the TRL reward path).
+        stack = lambda xs: jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]),  # noqa: E731
+                                        *xs)
+        host = dict(models=stack(specs), workloads=stack(works),
+                    present=np.arange(cap_m) < len(built), model_id=np.array(ids, np.int32),
+                    coarse_models=stack(coarse), pending=np.zeros(cap_m, bool))
+        return cls(cluster=cluster, **jax.device_put(host))
+
+
+def _rows(cfg: dict, block_groups: int | None):
+    """(rows, scalars, coarse rows and scalars) of a config."""
+    rows, scalars = build_rows(cfg, block_groups)
+    return rows, scalars, build_rows(cfg, 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _catalog_rows(name: str, block_groups: int | None):
+    return _rows(load_config_dict(name), block_groups)
 
 
 def reference_scenario(max_tenants: int | None = None, max_layers: int | None = None,
