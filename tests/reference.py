@@ -311,3 +311,35 @@ def evaluate(scp: dict, plan: list[dict]) -> dict:
 
 def gpu_power(busy, pool):  # noqa: N802
     return pool["idle_watts"] + (pool["tdp_watts"] - pool["idle_watts"]) * min(max(busy, 0.0), 1.0)
+
+
+def team_reward(scp: dict, plan: list[dict], weights=(0.5, 0.3, 0.2), floor=0.01) -> float:
+    """The team reward ``G`` of one plan with the IRD floor, from the reference metrics
+    (rewards/compose.py and rewards/ird.py, in plain Python)."""
+    m = evaluate(scp, plan)
+    wt, ws, we = weights
+    num = den = 0.0
+    fired = m["overcommitted"] or m["cluster_power_watts"] > scp["power_cap"]
+    n_pools = len(scp["pools"])
+    for i, t in enumerate(plan):
+        if not scp["present"][i]:
+            continue
+        work = scp["workloads"][i]
+        pool = scp["pools"][min(max(t["pool"], 0), n_pools - 1)]
+        active = t["gpus"] > 0
+        slo = work["slo_tokens_per_second"]
+        thr = (min(1.0, m["tokens_per_second"][i] / slo) if slo > 0
+               else min(1.0, m["speedup_vs_bf16"][i] / 2.0))
+        eff = min(max(1.0 - t["gpus"] / max(pool["gpu_count"], 1.0), 0.0), 1.0)
+        ok = active and m["fits"][i] and not m["diverges"][i]
+        u = (wt * thr + ws * m["stability"][i] + we * eff) / (wt + ws + we) if ok else 0.0
+        num += work["priority"] * u
+        den += work["priority"]
+        rows = scp["models"][i]["rows"]
+        bits = [F.STORAGE_BITS[f] for f, r in zip(t["precision"], rows, strict=True)
+                if r["valid"]]
+        fired |= all(b <= 4.5 for b in bits)  # all_lowest_precision (4-bit formats)
+        fired |= work["batch"] > 0 and not active  # starved
+        fired |= active and not m["fits"][i]  # out_of_memory
+        fired |= active and m["diverges"][i]  # diverges
+    return floor if fired else num / max(den, 1e-9)
