@@ -49,3 +49,57 @@ def plot_lines(path: str, curves: Mapping[str, tuple[Sequence[float], Sequence[f
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenario sets and the CEM reference shared by the experiments
+
+EVAL_SEED = 10_000  # held-out procedural scenarios: keys fold_in(PRNGKey(EVAL_SEED), i)
+TRAIN_SEED = 0      # training scenarios of the policies (disjoint keys)
+
+
+def recipes(level: str, n: int, seed: int = EVAL_SEED):
+    """``n`` scenario recipes of a level (``"presets"``: the seven named fleets)."""
+    import jax
+
+    from libratio_jax.env import scenarios as S
+
+    if level == "presets":
+        return [S.preset_recipe(name) for name in S.PRESET_NAMES[:n]]
+    gen, base = S.Generator(level), jax.random.PRNGKey(seed)
+    return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
+
+
+def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int = 0,
+                  progress: str | None = None) -> list[dict]:
+    """CEM on each recipe (``env/search.py``): ``{"best_reward", "history", "fired"}`` each,
+    cached in ``experiments/results/cem_cache.json`` (key: recipe, iterations, samples, seed)
+    so that the experiments share one reference."""
+    import hashlib
+
+    import jax
+    import numpy as np
+    from tqdm import tqdm
+
+    from libratio_jax.env.search import cem
+    from libratio_jax.rewards.compose import RewardParams
+    from libratio_jax.rewards.difference import team_reward_of
+
+    path = result_path("cem_cache", "json")
+    cache = json.load(open(path)) if os.path.exists(path) else {}
+    params = RewardParams.make()
+    out = []
+    for r in tqdm(recipe_list, desc=progress or "CEM", disable=progress is None, leave=False):
+        key = hashlib.sha1(f"{r.to_json()}|{iterations}|{num_samples}|{seed}".encode()).hexdigest()
+        if key not in cache:
+            sc = r.build()
+            res = cem(sc, jax.random.PRNGKey(seed), iterations=iterations,
+                      num_samples=num_samples)
+            fired = team_reward_of(sc, res.best_plan, params)[1]
+            cache[key] = {"best_reward": float(res.best_reward),
+                          "history": {k: np.asarray(v).tolist()
+                                      for k, v in res.history.items()},
+                          "fired": np.asarray(fired).tolist()}
+            save_json(path, cache)
+        out.append(cache[key])
+    return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from libratio_jax.physics.kernel import evaluate_one
+from libratio_jax.physics.kernel import evaluate_batch, evaluate_one
 from libratio_jax.rewards import compose, ird
 
 
@@ -26,16 +26,31 @@ def null_plan(scenario, plan, i):
             plan.replace(gpus=jnp.where(keep, plan.gpus, 0)))
 
 
-def team_reward_of(scenario, plan, params, team_present=None):
-    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan.
+def team_reward_from_metrics(metrics, scenario, plan, params, team_present=None):
+    """``(G with the IRD floor applied, rules fired [R], utilities [M])`` of one evaluated plan.
 
     ``team_present`` sets the team mean's denominator (default: ``scenario.present``)."""
-    metrics = evaluate_one(scenario, plan)
     u = compose.tenant_utility(metrics, scenario, plan, params)
     fired = ird.rules(metrics, scenario, plan)
     g = ird.apply_floor(compose.team_reward(u, scenario, team_present), fired,
                         params.ird_floor)
-    return g, fired, u, metrics
+    return g, fired, u
+
+
+def team_reward_of(scenario, plan, params, team_present=None):
+    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan."""
+    metrics = evaluate_one(scenario, plan)
+    return (*team_reward_from_metrics(metrics, scenario, plan, params, team_present), metrics)
+
+
+def team_rewards(scenario, plans, params):
+    """``(G [B], rules fired [B, R], utilities [B, M])`` of plans ``[B, ...]`` on one scenario.
+
+    Uses :func:`~libratio_jax.physics.kernel.evaluate_batch` (chunked on CPU), so it is the
+    fast path for large batches (search, policy rollouts)."""
+    metrics = evaluate_batch(scenario, plans)
+    return jax.vmap(team_reward_from_metrics, in_axes=(0, None, 0, None))(
+        metrics, scenario, plans, params)
 
 
 def difference_rewards(scenario, plan, params, team=None):

@@ -1,0 +1,208 @@
+"""The factorized plan space (env/plan_space.py) and CEM search (env/search.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import libratio_jax as lj
+from libratio_jax.env import plan_space as S
+from libratio_jax.env import scenarios
+from libratio_jax.env.policies import greedy_plan
+from libratio_jax.env.search import cem, ranking_score
+from libratio_jax.physics import formats as F
+from libratio_jax.rewards.compose import RewardParams
+from libratio_jax.rewards.difference import team_reward_of, team_rewards
+
+PARAMS = RewardParams.make()
+
+
+def _scenarios():
+    out = [scenarios.preset(n) for n in scenarios.PRESET_NAMES]
+    for level in scenarios.LEVELS:
+        gen = scenarios.Generator(level)
+        out += [gen(jax.random.PRNGKey(k)) for k in range(4)]
+    return out
+
+
+SCENARIOS = _scenarios()
+sample_batch = jax.jit(S.sample, static_argnums=2)
+decode_batch = jax.jit(jax.vmap(S.decode, in_axes=(None, 0)))
+
+
+def _random_logits(key, sc, scale=2.0):
+    leaves, tree = jax.tree.flatten(S.uniform_logits(sc))
+    keys = jax.random.split(key, len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
+    return jax.tree.unflatten(tree, noisy)
+
+
+@pytest.mark.parametrize("k", range(len(SCENARIOS)))
+def test_every_sample_decodes_to_a_valid_plan(k):
+    sc = SCENARIOS[k]
+    logits = _random_logits(jax.random.PRNGKey(k), sc)
+    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(100 + k), logits, (2048,)))
+    lj.validate_plan(sc, plans)  # raises on any invalid plan
+    present = np.asarray(sc.present)
+    g = np.asarray(plans.gpus)
+    assert (g[:, ~present] == 0).all() and (g[:, present] >= 1).all()
+
+
+def _decode_reference(sc, choice):
+    """Plain-Python decode: lower tp, then pp, then dp to the largest power of two that fits."""
+    counts = np.where(np.asarray(sc.cluster.valid), np.asarray(sc.cluster.gpu_count), 0)
+    kinds, valid = np.asarray(sc.models.kind), np.asarray(sc.models.valid)
+    out = {k: [] for k in ("gpus", "tp", "pp")}
+    prec = np.zeros(kinds.shape, int)
+    for i in range(kinds.shape[0]):
+        cap = max(int(counts[int(choice.pool[i])]), 1)
+
+        def floor2(x):
+            return 1 << (max(x, 1).bit_length() - 1)
+
+        tp = min([1, 2, 4, 8][int(choice.tp[i])], floor2(cap))
+        pp = min([1, 2, 4][int(choice.pp[i])], floor2(cap // tp))
+        dp = min([1, 2, 4, 8, 16, 32][int(choice.dp[i])], floor2(cap // (tp * pp)))
+        out["tp"].append(tp)
+        out["pp"].append(pp)
+        out["gpus"].append(tp * pp * dp if bool(sc.present[i]) else 0)
+        for r in range(kinds.shape[1]):
+            prec[i, r] = int(choice.precision[i, kinds[i, r]]) if valid[i, r] else F.BF16
+    return out, prec
+
+
+def test_decode_matches_plain_python():
+    for k, sc in enumerate(SCENARIOS[::3]):
+        choices = sample_batch(jax.random.PRNGKey(k), S.uniform_logits(sc), (64,))
+        plans = decode_batch(sc, choices)
+        for b in range(64):
+            c = jax.tree.map(lambda x, b=b: np.asarray(x[b]), choices)
+            ref, prec = _decode_reference(sc, c)
+            for name in ("gpus", "tp", "pp"):
+                np.testing.assert_array_equal(np.asarray(getattr(plans, name)[b]), ref[name])
+            np.testing.assert_array_equal(np.asarray(plans.precision[b]), prec)
+
+
+def test_sampling_frequencies_follow_softmax_and_masks():
+    sc = SCENARIOS[0]
+    logits = _random_logits(jax.random.PRNGKey(3), sc)
+    choices = sample_batch(jax.random.PRNGKey(4), logits, (40_000,))
+    masks = S.factor_masks(sc)
+    for name in ("tp", "pp", "dp", "kv_precision", "pool"):
+        lg, ok = np.asarray(getattr(logits, name)[0]), np.asarray(getattr(masks, name)[0])
+        p = np.exp(lg - lg[ok].max()) * ok
+        p /= p.sum()
+        freq = np.bincount(np.asarray(getattr(choices, name)[:, 0]), minlength=p.size) / 40_000
+        assert (freq[~ok] == 0).all(), name
+        np.testing.assert_allclose(freq, p, atol=0.012, err_msg=name)
+
+
+def test_log_prob_and_entropy_match_numpy():
+    sc = SCENARIOS[8]
+    logits = _random_logits(jax.random.PRNGKey(5), sc)
+    choice = S.sample(jax.random.PRNGKey(6), logits)
+    present = np.asarray(sc.present)
+    kinds = np.asarray(sc.models.kind)
+    valid = np.asarray(sc.models.valid)
+    ref_lp, ref_h = np.zeros(len(present)), np.zeros(len(present))
+    for name in S.factor_sizes(2):
+        lg = np.asarray(getattr(logits, name), np.float64)
+        c = np.asarray(getattr(choice, name))
+        for i in np.nonzero(present)[0]:
+            rows = ([(kk,) for kk in sorted(set(kinds[i][valid[i]].tolist()))]
+                    if name == "precision" else [()])
+            for r in rows:
+                x = lg[(i, *r)]
+                ok = np.isfinite(x)
+                logp = x - np.log(np.exp(x[ok] - x[ok].max()).sum()) - x[ok].max()
+                ref_lp[i] += logp[c[(i, *r)]]
+                p = np.where(ok, np.exp(np.where(ok, logp, 0)), 0)
+                ref_h[i] -= np.sum(np.where(ok, p * np.where(ok, logp, 0), 0))
+    np.testing.assert_allclose(S.log_prob_per_tenant(sc, logits, choice), ref_lp, rtol=1e-5)
+    np.testing.assert_allclose(S.entropy_per_tenant(sc, logits), ref_h, rtol=1e-5)
+    assert float(S.log_prob(sc, logits, choice)) == pytest.approx(ref_lp.sum(), rel=1e-5)
+
+
+def test_gradients_are_finite_with_masked_choices_and_empty_slots():
+    sc = SCENARIOS[7]  # an easy scenario: empty tenant slots (no heads, no blocks)
+    assert not bool(sc.present.all())
+    raw = jax.tree.map(jnp.zeros_like, S.uniform_logits(sc))
+    choice = S.sample(jax.random.PRNGKey(0), S.mask_logits(sc, raw))
+
+    def objective(theta):
+        lg = S.mask_logits(sc, theta)
+        return S.log_prob(sc, lg, choice) + jnp.sum(S.entropy_per_tenant(sc, lg))
+
+    grads = jax.grad(objective)(raw)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_mode_is_the_argmax():
+    sc = SCENARIOS[2]
+    logits = _random_logits(jax.random.PRNGKey(9), sc)
+    m = S.mode(logits)
+    for name in S.factor_sizes(2):
+        np.testing.assert_array_equal(getattr(m, name),
+                                      np.argmax(np.asarray(getattr(logits, name)), -1))
+
+
+def test_team_rewards_batch_equals_one_at_a_time():
+    sc = SCENARIOS[9]
+    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(1), S.uniform_logits(sc), (64,)))
+    g, fired, u = jax.jit(team_rewards)(sc, plans, PARAMS)
+    for b in range(0, 64, 7):
+        gb, fb, ub, _ = team_reward_of(sc, jax.tree.map(lambda x, b=b: x[b], plans), PARAMS)
+        assert float(g[b]) == pytest.approx(float(gb), abs=1e-6)
+        np.testing.assert_array_equal(fired[b], fb)
+        np.testing.assert_allclose(u[b], ub, atol=1e-6)
+
+
+def test_ranking_score_orders_feasible_then_fewer_rules():
+    sc = SCENARIOS[10]
+    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(2), S.uniform_logits(sc), (4096,)))
+    g, fired, u = team_rewards(sc, plans, PARAMS)
+    score = np.asarray(ranking_score(sc, g, fired, u))
+    n_fired = np.asarray(fired).sum(-1)
+    ok = n_fired == 0
+    np.testing.assert_allclose(score[ok], np.asarray(g)[ok])
+    for a, b in itertools.combinations(sorted(set(n_fired.tolist())), 2):
+        assert score[n_fired == a].min() > score[n_fired == b].max()
+
+
+def test_cem_beats_random_and_matches_its_best_plan():
+    sc = scenarios.Generator("medium")(jax.random.PRNGKey(1))
+    out = cem(sc, jax.random.PRNGKey(0), iterations=6, num_samples=4096)
+    lj.validate_plan(sc, out.best_plan)
+    g = team_reward_of(sc, out.best_plan, PARAMS)[0]
+    assert float(g) == pytest.approx(float(out.best_reward), abs=1e-6)
+    hist = {k: np.asarray(v) for k, v in out.history.items()}
+    assert (np.diff(hist["best_reward"]) >= 0).all()
+    assert hist["best_reward"][-1] > hist["mean_reward"][0]
+    assert hist["mean_reward"][-1] > hist["mean_reward"][0]  # the distribution moved
+    greedy = team_reward_of(sc, greedy_plan(sc), PARAMS)[0]
+    assert float(out.best_reward) >= float(greedy) - 0.05
+    np.testing.assert_array_equal(hist["evaluated_plans"], 4096 * np.arange(1, 7))
+
+
+def test_cem_is_deterministic_and_compiles_once_per_capacity():
+    from libratio_jax.env import search
+
+    a = cem(SCENARIOS[8], jax.random.PRNGKey(3), iterations=2, num_samples=256)
+    b = cem(SCENARIOS[8], jax.random.PRNGKey(3), iterations=2, num_samples=256)
+    assert float(a.best_reward) == float(b.best_reward)
+    np.testing.assert_array_equal(a.best_plan.precision, b.best_plan.precision)
+    before = search._run._cache_size()
+    for sc in SCENARIOS[9:12]:  # other scenarios, same capacity
+        cem(sc, jax.random.PRNGKey(0), iterations=2, num_samples=256)
+    assert search._run._cache_size() == before
+
+
+def test_cem_rejects_bad_settings():
+    with pytest.raises(ValueError, match="iterations"):
+        cem(SCENARIOS[0], jax.random.PRNGKey(0), iterations=0)
+    with pytest.raises(ValueError, match="elite_fraction"):
+        cem(SCENARIOS[0], jax.random.PRNGKey(0), elite_fraction=0.0)
