@@ -1,0 +1,121 @@
+"""Run every throughput benchmark and plot plans/s vs batch size.
+
+    python -m benchmarks            # CPU defaults, ~5 minutes on 2 cores
+    python -m benchmarks --quick    # smaller batches, ~2 minutes
+    python -m benchmarks --only evaluate plot
+
+Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``env``
+(env_throughput.py), ``reward`` (reward_latency.py), ``sharded`` (sharded_throughput.py, in a
+fresh interpreter with one host device per core on CPU), then ``plot``: every
+``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
+run) as ``benchmarks/results/plans_per_second.png``, plans/s vs batch per device and model
+resolution, with the memory-bandwidth limit of each GPU (HBM bytes/s / bytes of one plan) as a
+dashed line. Each benchmark prints its JSON lines and writes ``benchmarks/results/*.json``;
+compile time is reported separately from run time throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+STEPS = ("evaluate", "env", "reward", "sharded", "plot")
+
+
+def plan_bytes(tenants: int, layers: int) -> int:
+    """Bytes of one plan as the kernel reads it: ``precision [M, L]`` and 8 ``[M]`` fields,
+    int32 each (physics/plan.py)."""
+    return 4 * tenants * layers + 8 * 4 * tenants
+
+
+def hbm_limit(device_kind: str, tenants: int, layers: int) -> float | None:
+    """Plans/s at which reading the plans alone saturates the GPU's HBM, or None (not a
+    catalog GPU). Bandwidth from the catalog's spec sheets (physics/hardware.py)."""
+    from libratio_jax.physics.hardware import gpu_spec
+
+    names = {"H100": "H100-SXM", "H200": "H200", "B200": "B200", "A100": "A100-80GB"}
+    for key, name in names.items():
+        if key in device_kind:
+            return gpu_spec(name).hbm_bytes_per_second / plan_bytes(tenants, layers)
+    return None
+
+
+def plot(out: str | None = None) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    shape: dict[tuple[str, int], int] = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "results", "evaluate_throughput_*.json"))):
+        for r in json.load(open(path)):
+            key = (r["device_kind"], r["layers"])
+            series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
+            shape[key] = r["tenants"]
+    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=100)
+    for k, ((kind, layers), pts) in enumerate(sorted(series.items())):
+        pts = sorted(set(pts))
+        label = f"{kind}, {layers} rows/model"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{k}", label=label)
+        limit = hbm_limit(kind, shape[(kind, layers)], layers)
+        if limit:
+            ax.axhline(limit, linestyle="--", color=f"C{k}", linewidth=1,
+                       label=f"HBM limit, {layers} rows ({limit:.2g}/s)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (plans per call)")
+    ax.set_ylabel("plans / s (steady state)")
+    ax.set_title("lj.evaluate throughput, reference scenario (4 tenants)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out or os.path.join(HERE, "results", "plans_per_second.png")
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    ap.add_argument("--quick", action="store_true", help="smaller batches")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    if "evaluate" in args.only:
+        import evaluate_throughput
+
+        evaluate_throughput.main(["--batches", *(["1024", "8192"] if quick else
+                                                 ["1024", "8192", "65536"])])
+    if "env" in args.only:
+        import env_throughput
+
+        env_throughput.main(["--envs", *(["1024"] if quick else ["1024", "8192"])])
+    if "reward" in args.only:
+        import reward_latency
+
+        reward_latency.main(["--batches", "64", "1024"])
+    if "sharded" in args.only:
+        import jax
+
+        env = dict(os.environ)
+        if jax.default_backend() == "cpu":
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_"
+                                f"count={os.cpu_count() or 1}").strip()
+        subprocess.run([sys.executable, os.path.join(HERE, "sharded_throughput.py"),
+                        "--batches", *(["65536"] if quick else ["65536", "262144"])],
+                       env=env, check=True)
+    if "plot" in args.only:
+        print(json.dumps({"plot": plot()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Sharded evaluation over local devices (physics/sharding.py), on 8 forced CPU host devices.
+
+JAX fixes its device count at start-up, so the check runs in a fresh interpreter with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import libratio_jax as lj
+from libratio_jax.physics.plan import sample_plans
+from libratio_jax.physics.sharding import batch_mesh, evaluate_sharded
+
+CHECK = textwrap.dedent("""
+    import jax, numpy as np
+    import libratio_jax as lj
+    from libratio_jax.physics import sharding
+    from libratio_jax.physics.plan import sample_plans
+
+    assert jax.device_count() == 8, jax.devices()
+    for groups, n in ((1, 100), (1, 64), (None, 13)):  # padded, exact, fewer plans than 2/device
+        sc = lj.reference_scenario(block_groups=groups)
+        plans = sample_plans(sc, n, seed=n)
+        a, b = sharding.evaluate_sharded(sc, plans), lj.evaluate(sc, plans)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            assert x.shape == y.shape, (x.shape, y.shape)
+            if x.dtype == bool:
+                np.testing.assert_array_equal(x, y)
+            else:
+                np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float),
+                                           rtol=2e-6, atol=1e-6)
+    fn = sharding._sharded_fn(sharding.batch_mesh())
+    size = fn._cache_size()
+    sc = lj.reference_scenario(block_groups=1)
+    for seed in range(3):  # new plans and a new scenario of the same capacity: no retrace
+        sharding.evaluate_sharded(sc, sample_plans(sc, 100, seed=seed))
+    assert fn._cache_size() == size
+    print("SHARDED-OK", jax.device_count())
+""")
+
+
+def test_sharded_equals_unsharded_on_8_host_devices():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SHARDED-OK 8" in out.stdout
+
+
+def test_sharded_on_the_default_devices_and_errors():
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 7, seed=0)
+    a, b = evaluate_sharded(sc, plans), lj.evaluate(sc, plans)
+    np.testing.assert_allclose(a.tokens_per_second, b.tokens_per_second, rtol=2e-6)
+    assert batch_mesh().devices.size == jax.local_device_count()
+    with pytest.raises(ValueError, match="one batch axis"):
+        evaluate_sharded(sc, jax.tree.map(lambda x: x[0], plans))
+    bad = plans.replace(gpus=plans.gpus.at[0, 0].set(10_000))
+    with pytest.raises(ValueError, match="more GPUs"):
+        evaluate_sharded(sc, bad)
+    with pytest.raises(ValueError, match="Scenario"):
+        evaluate_sharded("not a scenario", plans)
