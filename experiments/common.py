@@ -71,10 +71,10 @@ def recipes(level: str, n: int, seed: int = EVAL_SEED):
 
 
 def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int = 0,
-                  progress: str | None = None) -> list[dict]:
+                  progress: str | None = None, out_dir: str | None = None) -> list[dict]:
     """CEM on each recipe (``env/search.py``): ``{"best_reward", "history", "fired"}`` each,
-    cached in ``experiments/results/cem_cache.json`` (key: recipe, iterations, samples, seed)
-    so that the experiments share one reference."""
+    cached in ``{out_dir or experiments/results}/cem_cache.json`` (key: recipe, iterations,
+    samples, seed) so that the experiments share one reference."""
     import hashlib
 
     import jax
@@ -85,7 +85,7 @@ def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int =
     from libratio_jax.rewards.compose import RewardParams
     from libratio_jax.rewards.difference import team_reward_of
 
-    path = result_path("cem_cache", "json")
+    path = result_path("cem_cache", "json", out_dir)
     cache = json.load(open(path)) if os.path.exists(path) else {}
     params = RewardParams.make()
     out = []
