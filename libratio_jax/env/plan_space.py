@@ -80,8 +80,11 @@ PlanChoice = PlanFactors  # a PlanFactors of int32 indices
 
 def factor_sizes(num_pools: int) -> dict[str, tuple[int, ...]]:
     """Trailing shape of each factor's logits (after the tenant axis)."""
-    return dict(precision=(A.NUM_KINDS, F.NUM_FORMATS), pool=(num_pools,), tp=(4,), pp=(3,),
-                dp=(6,), zero_stage=(4,), recompute=(2,), kv_precision=(3,), micro_batch=(3,))
+    n = lambda menu: (int(menu.shape[0]),)  # noqa: E731
+    return dict(precision=(A.NUM_KINDS, F.NUM_FORMATS), pool=(num_pools,), tp=n(TP_MENU),
+                pp=n(PP_MENU), dp=n(DP_MENU), zero_stage=n(ZERO_MENU),
+                recompute=n(RECOMPUTE_MENU), kv_precision=n(KV_MENU),
+                micro_batch=n(MICRO_BATCH_MENU))
 
 
 def factor_masks(scenario) -> PlanLogits:
@@ -90,15 +93,13 @@ def factor_masks(scenario) -> PlanLogits:
     models, c = scenario.models, scenario.cluster
     heads = models.n_heads.astype(jnp.int32)[:, None]
     kv_heads = models.n_kv_heads.astype(jnp.int32)[:, None]
-    full = lambda n: jnp.ones((m, n), bool)  # noqa: E731
     pool_ok = c.valid & (c.gpu_count > 0)
-    masks = PlanFactors(
-        precision=jnp.ones((m, A.NUM_KINDS, F.NUM_FORMATS), bool),
+    sizes = factor_sizes(pool_ok.shape[-1])
+    masks = PlanFactors(**{name: jnp.ones((m, *shape), bool) for name, shape in sizes.items()})
+    masks = masks.replace(
         pool=jnp.broadcast_to(pool_ok, (m, pool_ok.shape[-1])),
         tp=(heads % TP_MENU == 0) & (kv_heads % TP_MENU == 0),
-        pp=PP_MENU <= models.n_blocks.astype(jnp.int32)[:, None],
-        dp=full(6), zero_stage=full(4), recompute=full(2), kv_precision=full(3),
-        micro_batch=full(3))
+        pp=PP_MENU <= models.n_blocks.astype(jnp.int32)[:, None])
     # A factor with nothing allowed (an empty tenant slot: no heads, no blocks) keeps its first
     # choice, so that every distribution is proper (no NaN from a softmax over all -inf).
     return jax.tree.map(lambda ok: ok | ((jnp.arange(ok.shape[-1]) == 0)
