@@ -164,11 +164,13 @@ def main(argv=None) -> dict:
     for name, c in curves.items():
         reach = [steps_to(np.convolve(r, np.ones(5) / 5, mode="valid"), args.level)
                  for r in c]
+        # Median over all runs, a run that never reaches the level counting as infinitely
+        # many steps: None when fewer than half of the runs reach it.
+        median = float(np.median(np.nan_to_num(reach, nan=np.inf)))
         result[name] = {
             "final_reward": round(float(c[:, -10:].mean()), 4),
-            "steps_to_level": reach,
-            "median_steps_to_level": float(np.nanmedian(reach)) if np.isfinite(reach).any()
-            else None,
+            "steps_to_level": [None if np.isnan(r) else r for r in reach],
+            "median_steps_to_level": median if np.isfinite(median) else None,
             "runs_reaching_level": int(np.isfinite(reach).sum()),
             "curve_mean": c.mean(0).round(4).tolist(),
         }

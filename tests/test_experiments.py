@@ -7,7 +7,6 @@ import math
 import os
 import sys
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
@@ -45,8 +44,10 @@ def test_jax_grpo_tiny(tmp_path):
     for k in ("final_reward", "cem_reward", "fraction_of_cem", "wall_seconds", "device_kind"):
         assert k in s
     assert s["steps"] >= 2 and math.isfinite(s["final_reward"])
-    saved = json.loads((tmp_path / f"jax_grpo_{jax.devices()[0].platform}.json").read_text())
+    saved = json.loads((tmp_path / "benchmarks" / "jax_grpo.json").read_text())
     assert saved["final_reward"] == s["final_reward"]
+    curve = json.loads((tmp_path / "jax_grpo.json").read_text())["curve"]
+    assert curve[0]["step"] == 0 and all(math.isfinite(c["heldout_reward"]) for c in curve)
     assert (tmp_path / "jax_grpo.png").stat().st_size > 0
 
 
@@ -63,4 +64,17 @@ def test_difference_rewards_tiny(tmp_path):
     for name in ("team", "difference"):
         assert len(out[name]["curve_mean"]) == 4
         assert len(out[name]["steps_to_level"]) == 2
+        reached = [s for s in out[name]["steps_to_level"] if s is not None]
+        assert out[name]["runs_reaching_level"] == len(reached)
+        assert all(0 <= s < 4 for s in reached)
     assert (tmp_path / "difference_rewards.png").stat().st_size > 0
+
+    def no_constants(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    json.loads((tmp_path / "difference_rewards.json").read_text(), parse_constant=no_constants)
+
+
+def test_steps_to_level():
+    assert difference_rewards.steps_to(np.array([0.1, 0.4, 0.6, 0.2]), 0.5) == 2.0
+    assert math.isnan(difference_rewards.steps_to(np.array([0.1, 0.2]), 0.5))

@@ -221,7 +221,9 @@ def scenario_bank(scenarios: Sequence[Scenario]) -> Scenario:
     shapes = {tuple(x.shape for x in jax.tree.leaves(s)) for s in scenarios}
     if len(structs) != 1 or len(shapes) != 1:
         raise ValueError("scenario_bank: scenarios must share one capacity")
-    return jax.tree.map(lambda *x: jnp.stack(x), *scenarios)
+    # Stacked on the host: jnp.stack of thousands of operands compiles one huge concatenate.
+    return jax.tree.map(lambda *x: jnp.asarray(np.stack([np.asarray(a) for a in x])),
+                        *scenarios)
 
 
 def generate_bank(level: str, n: int, seed: int = 0,
