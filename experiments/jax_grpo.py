@@ -13,7 +13,8 @@ One jitted call runs ``--scan-steps`` training steps as a ``lax.scan``; each ste
 ``--scenarios-per-step`` training scenarios, samples a group of ``--group`` plans for each
 (``vmap`` over groups), evaluates them with the physics, and takes an Adam step on the GRPO
 objective ``-mean(A * log pi(plan)) - beta * entropy`` with group-relative advantages
-(``rewards/grpo.group_advantages``). The training reward is the team reward ``G`` where no IRD
+(``rewards/grpo.group_advantages``); the learning rate decays from ``--lr`` to a tenth over
+``--train-seconds`` (cosine). The training reward is the team reward ``G`` where no IRD
 rule fires and, below it, the search's shaped order of rule-breaking plans (fewer rules, then
 more utility: ``env/search.ranking_score``), so that early groups, where every plan breaks a
 rule and scores the same 0.01, still carry a signal. Every number reported is the plain ``G``.
