@@ -1,6 +1,6 @@
 """Search baselines on the team reward: random valid plans, the greedy heuristic, batched CEM.
 
-    python experiments/baselines.py                      # 20 scenarios per level, ~5 min CPU
+    python experiments/baselines.py                      # 20 scenarios per level, ~6 min CPU
     python experiments/baselines.py --scenarios 100      # the README table (~35 min CPU)
 
 Scenario sets: the seven named presets and ``--scenarios`` procedural scenarios per level
