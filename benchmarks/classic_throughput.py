@@ -5,7 +5,7 @@
 Episodes: random actions on the seven original scenarios (reset + every step of the episode).
 JAX: one jitted ``vmap`` over episodes of a ``scan`` over steps (actions generated beforehand,
 compile time reported separately). Python: the same rules one step at a time
-(``libratio_jax.env.classic_rules``), on the first ``--python-episodes`` of the same episodes
+(``libratio_jax.env.classic.rules``), on the first ``--python-episodes`` of the same episodes
 converted to the original JSON actions. One JSON line per task with steps/s, the ratio, and the
 ratio to the original service's measured rate on this 2-core machine (DESIGN.md §8:
 ~31 k fleet_precision, ~25 k fleet_resource steps/s).
@@ -29,7 +29,7 @@ from common import save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.env import classic as C  # noqa: E402
-from libratio_jax.env import classic_rules as CR  # noqa: E402
+from libratio_jax.env.classic import rules as CR  # noqa: E402
 
 ORIGINAL_STEPS_PER_SECOND = {"fleet_precision": 31_000, "fleet_resource": 25_000}
 ENV_NAMES = {"fleet_precision": "Classic-FleetPrecision-v0",

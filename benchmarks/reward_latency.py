@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import save_records  # noqa: E402
 
-from libratio_jax.env.policies import random_valid_plan  # noqa: E402
-from libratio_jax.env.scenarios import ScenarioRecipe  # noqa: E402
-from libratio_jax.rewards import hf  # noqa: E402
-from libratio_jax.rewards import text as T  # noqa: E402
+from libratio_jax.agents.policies import random_valid_plan  # noqa: E402
+from libratio_jax.integrations import trl as hf  # noqa: E402
+from libratio_jax.scenarios import ScenarioRecipe  # noqa: E402
+from libratio_jax.text import codec as T  # noqa: E402
 
 _SAMPLE = jax.jit(random_valid_plan)
 

@@ -8,12 +8,12 @@ Scenario sets: the seven named presets and ``--scenarios`` procedural scenarios 
 on). Per scenario:
 
 - random: ``--random-plans`` plans drawn uniformly from the plan space
-  (``env/plan_space.py``: a format per layer kind, pool, tp/pp/dp, ZeRO, recomputation, KV
+  (``agents/plan_space.py``: a format per layer kind, pool, tp/pp/dp, ZeRO, recomputation, KV
   format, micro-batch; every plan valid for each tenant on its own); its row reports the mean
   over those plans, and the curve is random search (best of the first ``n``).
-- greedy: ``env/policies.greedy_plan`` (BF16 on sensitive layers, FP8 on the large GEMMs,
+- greedy: ``agents/policies.greedy_plan`` (BF16 on sensitive layers, FP8 on the large GEMMs,
   the smallest data-parallel GPU count that fits, by priority), one plan.
-- CEM: ``env/search.cem``, ``--iterations`` updates of ``--samples`` plans each (100,000 by
+- CEM: ``agents/search.cem``, ``--iterations`` updates of ``--samples`` plans each (100,000 by
   default), elite 1%; its row is the best plan found.
 
 Table (per set and method): mean team reward ``G`` (IRD floor 0.01 when a rule fires),
@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import cem_reference, recipes, result_path, save_json  # noqa: E402
 
-from libratio_jax.env import plan_space as S  # noqa: E402
-from libratio_jax.env.policies import greedy_plan  # noqa: E402
+from libratio_jax.agents import plan_space as S  # noqa: E402
+from libratio_jax.agents.policies import greedy_plan  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import team_reward_of, team_rewards  # noqa: E402
 from libratio_jax.rewards.ird import RULE_NAMES  # noqa: E402

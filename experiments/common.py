@@ -62,7 +62,7 @@ def recipes(level: str, n: int, seed: int = EVAL_SEED):
     """``n`` scenario recipes of a level (``"presets"``: the seven named fleets)."""
     import jax
 
-    from libratio_jax.env import scenarios as S
+    from libratio_jax import scenarios as S
 
     if level == "presets":
         return [S.preset_recipe(name) for name in S.PRESET_NAMES[:n]]
@@ -72,7 +72,7 @@ def recipes(level: str, n: int, seed: int = EVAL_SEED):
 
 def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int = 0,
                   progress: str | None = None, out_dir: str | None = None) -> list[dict]:
-    """CEM on each recipe (``env/search.py``): ``{"best_reward", "history", "fired"}`` each,
+    """CEM on each recipe (``agents/search.py``): ``{"best_reward", "history", "fired"}`` each,
     cached in ``{out_dir or experiments/results}/cem_cache.json`` (key: recipe, iterations,
     samples, seed) so that the experiments share one reference."""
     import hashlib
@@ -81,7 +81,7 @@ def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int =
     import numpy as np
     from tqdm import tqdm
 
-    from libratio_jax.env.search import cem
+    from libratio_jax.agents.search import cem
     from libratio_jax.rewards.compose import RewardParams
     from libratio_jax.rewards.difference import team_reward_of
 

@@ -4,7 +4,7 @@
     python experiments/difference_rewards.py --tenants 8 --scenarios 8 --seeds 5
 
 Each tenant is an agent with its own policy: a table of logits over its factors of the plan
-(``env/plan_space.py``), nothing shared. Every step the agents sample ``--batch`` joint plans
+(``agents/plan_space.py``), nothing shared. Every step the agents sample ``--batch`` joint plans
 and each agent takes a policy-gradient (Adam) step on its own log-probability, weighted by its
 advantage: the group-relative (batch-normalized) value of its reward signal,
 
@@ -13,7 +13,7 @@ advantage: the group-relative (batch-normalized) value of its reward signal,
   ``i`` (``rewards/difference.null_plan``; Wolpert & Tumer 2002),
 
 with ``S`` the team reward where no IRD rule fires and, below it, the search's order of
-rule-breaking plans (``env/search.ranking_score``: fewer rules, then more utility), so that both
+rule-breaking plans (``agents/search.ranking_score``: fewer rules, then more utility), so that both
 methods have a signal from the start (random joint plans of many tenants almost always break a
 rule and all score the floor). Same scenarios, seeds, steps and samples for both; (b) costs
 ``M`` more physics evaluations per sample (the counterfactuals). All runs (scenarios x seeds x
@@ -41,21 +41,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import plot_lines, result_path, save_json  # noqa: E402
 
-from libratio_jax.env import plan_space as S  # noqa: E402
-from libratio_jax.env.scenarios import (  # noqa: E402
-    _LEVEL_SPEC,
+from libratio_jax.agents import plan_space as S  # noqa: E402
+from libratio_jax.agents.search import ranking_score  # noqa: E402
+from libratio_jax.rewards.compose import RewardParams  # noqa: E402
+from libratio_jax.rewards.difference import null_plan, team_reward_of  # noqa: E402
+from libratio_jax.scenarios import (  # noqa: E402
+    LEVEL_SPECS,
     Capacity,
     ScenarioRecipe,
     scenario_bank,
 )
-from libratio_jax.env.search import ranking_score  # noqa: E402
-from libratio_jax.rewards.compose import RewardParams  # noqa: E402
-from libratio_jax.rewards.difference import null_plan, team_reward_of  # noqa: E402
 
 
 def many_tenant_recipe(rng: np.random.Generator, tenants: int) -> ScenarioRecipe:
     """``tenants`` medium-level workloads sharing 32 H100 + 16 H200 GPUs."""
-    spec = _LEVEL_SPEC["medium"]
+    spec = LEVEL_SPECS["medium"]
     rows = []
     for _ in range(tenants):
         serve = bool(rng.random() < 0.5)

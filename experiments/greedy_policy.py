@@ -1,4 +1,4 @@
-"""The greedy heuristic policy (``env/policies.py``) vs random valid plans on Fleet episodes.
+"""The greedy heuristic policy (``agents/policies.py``) vs random valid plans on Fleet episodes.
 
     python experiments/greedy_policy.py [--envs 256] [--steps 32] [--env Fleet-v0]
 
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from random_rollout import rollout_fn, summarize  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
-from libratio_jax.env.policies import greedy_plan  # noqa: E402
+from libratio_jax.agents.policies import greedy_plan  # noqa: E402
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper  # noqa: E402
 
 

@@ -5,7 +5,7 @@
 
 The policy reads a scenario (per tenant: model size and shape, workload, SLO, priority, and
 the pools' GPUs) and outputs the logits of the factorized plan distribution
-(``env/plan_space.py``: a format per layer kind, pool, tp/pp/dp, ZeRO, recomputation, KV
+(``agents/plan_space.py``: a format per layer kind, pool, tp/pp/dp, ZeRO, recomputation, KV
 format, micro-batch). It is a deep set: a per-tenant MLP, two rounds that mix in the mean over
 present tenants (the tenants share a cluster), and one linear head per factor.
 
@@ -16,7 +16,7 @@ objective ``-mean(A * log pi(plan)) - beta * entropy`` with group-relative advan
 (``rewards/grpo.group_advantages``); the learning rate decays from ``--lr`` to a tenth over
 ``--train-seconds`` (cosine). The training reward is the team reward ``G`` where no IRD
 rule fires and, below it, the search's shaped order of rule-breaking plans (fewer rules, then
-more utility: ``env/search.ranking_score``), so that early groups, where every plan breaks a
+more utility: ``agents/search.ranking_score``), so that early groups, where every plan breaks a
 rule and scores the same 0.01, still carry a signal. Every number reported is the plain ``G``.
 
 Held-out evaluation: the policy's most likely plan (its mode) on ``--heldout`` medium
@@ -46,14 +46,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import TRAIN_SEED, cem_reference, recipes, result_path, save_json  # noqa: E402
 
-from libratio_jax.env import plan_space as S  # noqa: E402
-from libratio_jax.env.scenarios import scenario_bank  # noqa: E402
-from libratio_jax.env.search import ranking_score  # noqa: E402
+from libratio_jax.agents import plan_space as S  # noqa: E402
+from libratio_jax.agents.grpo import group_advantages  # noqa: E402
+from libratio_jax.agents.search import ranking_score  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics.scenario import TRAIN  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import team_reward_of, team_rewards  # noqa: E402
-from libratio_jax.rewards.grpo import group_advantages  # noqa: E402
+from libratio_jax.scenarios import scenario_bank  # noqa: E402
 
 BENCH_RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
 

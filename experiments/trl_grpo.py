@@ -5,7 +5,7 @@
         --max-completion-length 512 --bf16               # any local HF causal LM, on a GPU
 
 Without ``--model`` the script builds a tokenizer and a tiny random Llama here (no downloads,
-``libratio_jax.rewards.tiny_lm``) whose vocabulary holds a few whole plans as single tokens,
+``libratio_jax.integrations.tiny_lm``) whose vocabulary holds a few whole plans as single tokens,
 so that even a random policy sometimes writes a valid plan; GRPO then raises the reward by
 learning which plans suit which prompt. It checks the pipeline; it is not a language model.
 With ``--model`` a real instruction model reads the rendered scenario and writes JSON.
@@ -31,10 +31,10 @@ def tiny_model(rows, n_plan_tokens: int):
     """The tiny Llama and a tokenizer with ``n_plan_tokens`` plan tokens per prompt."""
     import jax
 
-    from libratio_jax.env.policies import greedy_plan, random_valid_plan
-    from libratio_jax.env.scenarios import ScenarioRecipe
-    from libratio_jax.rewards import text as T
-    from libratio_jax.rewards.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of
+    from libratio_jax.agents.policies import greedy_plan, random_valid_plan
+    from libratio_jax.integrations.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of
+    from libratio_jax.scenarios import ScenarioRecipe
+    from libratio_jax.text import codec as T
 
     greedy, sample = jax.jit(greedy_plan), jax.jit(random_valid_plan)
     plans = []
@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from libratio_jax.rewards import hf
+    from libratio_jax.integrations import trl as hf
 
     t_start = time.perf_counter()
     rows = hf.build_dataset(args.prompts, seed=args.seed, difficulty=args.difficulty,

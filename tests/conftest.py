@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +15,6 @@ def ref_scenario():
     return lj.reference_scenario()
 
 
-def shared_path(*parts: str) -> str:
-    """Path into ../shared (the test vectors beside the checkout)."""
-    return os.path.join(SHARED, *parts)
+def data_path(*parts: str) -> str:
+    """Path into tests/data (see tests/data/README.md for each file's origin)."""
+    return os.path.join(DATA, *parts)

@@ -125,9 +125,9 @@ def cases(n: int, seed: int, valid_texts: list[str]):
 def main(argv=None) -> dict:
     import jax
 
-    from libratio_jax.env.policies import random_valid_plan
-    from libratio_jax.env.scenarios import Generator
-    from libratio_jax.rewards import text as T
+    from libratio_jax.agents.policies import random_valid_plan
+    from libratio_jax.scenarios import Generator
+    from libratio_jax.text import codec as T
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -62,14 +62,11 @@ def plan_to_python(plan, b=None) -> list[dict]:
 
 
 def _opt_bytes(fmt: int, optimizer: int) -> float:
+    """Optimizer-state bytes per parameter (ids: adamw_mixed, adamw, sgd_momentum, sgd)."""
     storage = float(F.STORAGE_BYTES[fmt])
-    grad = max(storage, 2.0)
+    own = max(storage, 2.0)  # moments in the parameters' dtype, at least 16 bits
     master = 0.0 if storage >= 4.0 else 4.0
-    if optimizer == 0:
-        return master + 8.0
-    if optimizer == 1:
-        return 2.0 * grad
-    return master + 4.0
+    return {0: master + 8.0, 1: 2.0 * own, 2: own}.get(optimizer, 0.0)
 
 
 def tenant_memory(model, work, t) -> dict:
@@ -172,7 +169,7 @@ def tenant_step(model, work, pool, t, precision=None, kv_precision=None) -> dict
         visits = (k if expert else 1.0) * r["count"]
         storage = float(F.STORAGE_BYTES[fmt])
         act = float(F.ACTIVATION_BYTES[fmt])
-        cast = float(F.NEEDS_SCALING[fmt]) * THR.CAST_BYTES_PER_ELEMENT
+        cast = float(F.NEEDS_SCALING[fmt]) * F.CAST_BYTES_PER_ELEMENT
         io = visits * ((r["in_dim"] + r["out_dim"]) * act + cast * r["in_dim"])
         w_bytes = r["params"] * storage
         rt, t_gemm = rate(fmt)
@@ -242,13 +239,13 @@ def tenant_stability(model, work, t):
         if not r["valid"]:
             continue
         tol = float(STAB.TOLERANCE[r["kind"]]) * (STAB.SERVE_TOLERANCE_FACTOR if serve else 1.0)
-        lg = -float(STAB.EFFECTIVE_ROUNDOFF[fmt]) / tol
+        lg = -float(F.EFFECTIVE_ROUNDOFF[fmt]) / tol
         if fmt == F.FP16 and not serve:
             lg += math.log(STAB.FP16_TRAIN_FACTOR)
         logs.append(lg)
         weights.append(r["count"])
     if serve:
-        logs.append(-float(STAB.EFFECTIVE_ROUNDOFF[t["kv_precision"]])
+        logs.append(-float(F.EFFECTIVE_ROUNDOFF[t["kv_precision"]])
                     / (STAB.SERVE_TOLERANCE_FACTOR * STAB.KV_CACHE_TOLERANCE))
         weights.append(1.0)
     score = math.exp(sum(lg * w for lg, w in zip(logs, weights, strict=True)) / sum(weights))

@@ -8,16 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import shared_path
+from conftest import data_path
 
 import libratio_jax as lj
 from libratio_jax.env import classic as C
-from libratio_jax.env import classic_rules as CR
+from libratio_jax.env.classic import rules as CR
 
 
 @pytest.fixture(scope="module")
 def vectors():
-    with open(shared_path("vectors", "classic_fleet_episodes.json")) as f:
+    with open(data_path("classic_fleet_episodes.json")) as f:
         return json.load(f)
 
 

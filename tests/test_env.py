@@ -135,7 +135,7 @@ def test_gpu_conservation(hard_env):
     for b in range(256):
         np.add.at(used[b], pools[b], gpus[b])
     over = (used > counts).any(-1)
-    fired = np.asarray(info["ird_rules"])[:, RULE_NAMES.index("overcommitted")]
+    fired = np.asarray(info["ird_rules"]["overcommitted"])
     assert over.any() and (~over).any()
     assert np.all(fired[over])
     np.testing.assert_array_equal(np.asarray(info["metrics"].gpus_used), used)

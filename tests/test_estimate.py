@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import shared_path
+from conftest import data_path
 from test_physics import _llama_cfg, _measured, _one_row_model
 
 import libratio_jax as lj
@@ -70,7 +70,7 @@ def test_training_tokens_per_second_target():
 
 
 def test_fp8_gemm_speedup_within_ten_percent():
-    with open(shared_path("vectors", "measured_h100_pytorch.jsonl")) as f:
+    with open(data_path("measured_h100_pytorch.jsonl")) as f:
         gemms = [json.loads(x) for x in f if '"matmul"' in x]
     peak = gpu_spec("H100-SXM").peak_flops
     checked = 0
@@ -100,7 +100,7 @@ def test_zero_figure_1_through_estimate_memory(zero_stage, expected_gb):
 def test_estimate_equals_evaluate():
     """One implementation, two faces: the same configuration through both APIs."""
     sc = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant(
-        "Qwen3-8B", dict(mode="train", batch=16, seq_len=2048, optimizer="adamw_param_dtype"))])
+        "Qwen3-8B", dict(mode="train", batch=16, seq_len=2048, optimizer="adamw"))])
     m = lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 8, "tp": 2, "zero_stage": 2,
                                                    "recompute": True, "micro_batch": 4}]))
     est = lj.estimate_memory("Qwen3-8B", batch=16, seq_len=2048, gpus=8, tp=2, zero_stage=2,

@@ -16,7 +16,7 @@ import difference_rewards  # noqa: E402
 import jax_grpo  # noqa: E402
 from common import recipes  # noqa: E402
 
-from libratio_jax.env.scenarios import LEVELS  # noqa: E402
+from libratio_jax.scenarios import LEVELS  # noqa: E402
 
 
 def test_baselines_tiny(tmp_path):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from libratio_jax.rewards import grpo
+from libratio_jax.agents import grpo
 
 
 def _numpy_advantages(r, scale, eps=1e-4):

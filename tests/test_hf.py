@@ -14,10 +14,12 @@ import reference as R
 from fuzzing import cases
 
 import libratio_jax as lj
-from libratio_jax.env import scenarios
-from libratio_jax.env.policies import greedy_plan, random_valid_plan
-from libratio_jax.rewards import RewardParams, compose, hf, ird
-from libratio_jax.rewards import text as T
+from libratio_jax import scenarios
+from libratio_jax.agents.policies import greedy_plan, random_valid_plan
+from libratio_jax.integrations import trl as hf
+from libratio_jax.rewards import RewardParams, compose, ird
+from libratio_jax.text import codec as T
+from libratio_jax.text import judge
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_dataset_as_hf_dataset_and_chat_template(rows):
     assert isinstance(ds, datasets.Dataset) and len(ds) == 3
     assert ds[0]["prompt"] == rows[0]["prompt"] and ds[1]["scenario"] == rows[1]["scenario"]
     pytest.importorskip("transformers")
-    from libratio_jax.rewards.tiny_lm import build_tokenizer, corpus_of
+    from libratio_jax.integrations.tiny_lm import build_tokenizer, corpus_of
 
     tok = build_tokenizer(corpus_of(rows[:3]), vocab_size=300)
     text_rows = hf.build_dataset(3, seed=3, difficulty="medium", tokenizer=tok)
@@ -252,11 +254,11 @@ def test_one_compile_per_batch_bucket(rows, built):
     physics, _ = hf.make_reward_funcs()
     texts, scen, _, _ = _batch(rows, built, 20, seed=2)
     physics(None, texts, scenario=scen)
-    size = hf._judge._cache_size()
+    size = judge._judge._cache_size()
     for seed in (3, 4, 5):  # new plans, other scenarios, 17..32 valid completions: same bucket
         texts, scen, _, _ = _batch(rows, built, 17 + seed * 4, seed=seed)
         physics(None, texts, scenario=scen)
-    assert hf._judge._cache_size() == size
+    assert judge._judge._cache_size() == size
 
 
 def test_trl_hooks_are_called(rows, built):

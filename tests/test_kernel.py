@@ -24,7 +24,7 @@ def _scenarios():
          lj.Tenant("Mixtral-8x7B", dict(mode="train", batch=8, seq_len=2048,
                                         optimizer="sgd_momentum")),
          lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024,
-                                        optimizer="adamw_param_dtype"))],
+                                        optimizer="adamw"))],
         max_tenants=4)
     return [lj.reference_scenario(), lj.reference_scenario(block_groups=3), mixed]
 

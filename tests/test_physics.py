@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import shared_path
+from conftest import data_path
 
 import libratio_jax as lj
 from libratio_jax.physics import architecture as A
@@ -25,7 +25,7 @@ def _one_row_model(params: float) -> lj.ModelSpec:
 def test_zero_paper_figure_1(zero_stage, expected_gb):
     # Rajbhandari et al. 2020, Fig. 1: Psi = 7.5 B, N_d = 64, K = 12 (mixed-precision Adam).
     model = _one_row_model(7.5e9)
-    w = lj.Workload.make(mode="train", batch=64, seq_len=1, optimizer="adamw")
+    w = lj.Workload.make(mode="train", batch=64, seq_len=1, optimizer="adamw_mixed")
     mem = memory.tenant_memory(model, w, np.array([F.BF16]), F.BF16, 1, 1, 64, zero_stage, 0,
                                1.0)
     states = float(mem.weights + mem.gradients + mem.optimizer) / 1e9
@@ -41,7 +41,7 @@ def test_kv_cache_formula():
 
 
 def _measured():
-    with open(shared_path("vectors", "measured_h100_pytorch.jsonl")) as f:
+    with open(data_path("measured_h100_pytorch.jsonl")) as f:
         recs = [json.loads(line) for line in f]
     return [r for r in recs if "model" in r]
 
@@ -53,7 +53,7 @@ def _llama_cfg(c):
             "tie_word_embeddings": False}
 
 
-def _predict(r, fmt=F.BF16, optimizer="adamw_param_dtype"):
+def _predict(r, fmt=F.BF16, optimizer="adamw"):
     spec = lj.ModelSpec.from_hf_config(_llama_cfg(r["config"]))
     mode = "serve" if r["mode"].startswith("infer") else "train"
     w = lj.Workload.make(mode=mode, batch=r["batch"], seq_len=r["seq"], optimizer=optimizer)
@@ -133,7 +133,7 @@ def test_memory_monotone_in_bytes_per_element():
     sc = lj.reference_scenario(block_groups=2)
     plans = sample_plans(sc, 16, seed=11)
     base = lj.evaluate(sc, plans)
-    cols = np.asarray(memory.format_columns(0))  # the reference scenario uses adamw
+    cols = np.asarray(memory.format_bytes_columns(0))  # the reference scenario: adamw_mixed
     pairs = [(a, b) for a in range(F.NUM_FORMATS) for b in range(F.NUM_FORMATS)
              if a != b and np.all(cols[b] <= cols[a])]
     assert (F.BF16, F.FP8_E4M3) in pairs and (F.FP16, F.FP8_E5M2) in pairs

@@ -1,4 +1,4 @@
-"""The factorized plan space (env/plan_space.py) and CEM search (env/search.py)."""
+"""The factorized plan space (agents/plan_space.py) and CEM search (agents/search.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.env import plan_space as S
-from libratio_jax.env import scenarios
-from libratio_jax.env.policies import greedy_plan
-from libratio_jax.env.search import cem, ranking_score
+from libratio_jax import scenarios
+from libratio_jax.agents import plan_space as S
+from libratio_jax.agents.policies import greedy_plan
+from libratio_jax.agents.search import cem, ranking_score
 from libratio_jax.physics import formats as F
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.difference import team_reward_of, team_rewards
@@ -189,7 +189,7 @@ def test_cem_beats_random_and_matches_its_best_plan():
 
 
 def test_cem_is_deterministic_and_compiles_once_per_capacity():
-    from libratio_jax.env import search
+    from libratio_jax.agents import search
 
     a = cem(SCENARIOS[8], jax.random.PRNGKey(3), iterations=2, num_samples=256)
     b = cem(SCENARIOS[8], jax.random.PRNGKey(3), iterations=2, num_samples=256)

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import libratio_jax as lj
-from libratio_jax.env import scenarios
-from libratio_jax.env.policies import greedy_plan, random_valid_plan
+from libratio_jax import scenarios
+from libratio_jax.agents.policies import greedy_plan, random_valid_plan
 from libratio_jax.physics.plan import sample_plans
-from libratio_jax.rewards import text as T
+from libratio_jax.text import codec as T
 
 FIELDS = ("precision", "gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
           "micro_batch", "pool")

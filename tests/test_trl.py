@@ -10,11 +10,11 @@ pytest.importorskip("datasets")
 
 import jax  # noqa: E402
 
-from libratio_jax.env.policies import greedy_plan, random_valid_plan  # noqa: E402
-from libratio_jax.env.scenarios import ScenarioRecipe  # noqa: E402
-from libratio_jax.rewards import hf  # noqa: E402
-from libratio_jax.rewards import text as T  # noqa: E402
-from libratio_jax.rewards.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of  # noqa: E402
+from libratio_jax.agents.policies import greedy_plan, random_valid_plan  # noqa: E402
+from libratio_jax.integrations import trl as hf  # noqa: E402
+from libratio_jax.integrations.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of  # noqa: E402
+from libratio_jax.scenarios import ScenarioRecipe  # noqa: E402
+from libratio_jax.text import codec as T  # noqa: E402
 
 
 class Spy:

@@ -1,0 +1,385 @@
+"""The action: a :class:`Plan` of per-tenant choices, as arrays, and its validation.
+
+Shapes (add a leading batch axis ``[B]`` for batched plans):
+    precision[M, L] int32 format ids per row; gpus[M], tp[M], pp[M], zero_stage[M],
+    recompute[M] (0/1), kv_precision[M] (format id), micro_batch[M], pool[M] (cluster pool).
+
+Build one from readable choices with :meth:`Plan.from_choices`; stack several with
+:meth:`Plan.stack`. :func:`validate_plan` checks a concrete plan against a scenario before any
+tracing; inside ``jit`` the physics stay finite for any integer inputs (``dp`` is floored at 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+
+# Readable layer groups -> row kinds.
+LAYER_GROUPS: dict[str, tuple[int, ...]] = {
+    "embedding": (A.EMBEDDING,),
+    "attention": (A.ATTN_QKV, A.ATTN_OUT),
+    "attn_qkv": (A.ATTN_QKV,),
+    "attn_out": (A.ATTN_OUT,),
+    "mlp": (A.MLP_IN, A.MLP_OUT, A.MOE_EXPERT_IN, A.MOE_EXPERT_OUT),
+    "mlp_in": (A.MLP_IN, A.MOE_EXPERT_IN),
+    "mlp_out": (A.MLP_OUT, A.MOE_EXPERT_OUT),
+    "experts": (A.MOE_EXPERT_IN, A.MOE_EXPERT_OUT),
+    "router": (A.MOE_ROUTER,),
+    "moe_router": (A.MOE_ROUTER,),
+    "norm": (A.NORM,),
+    "lm_head": (A.LM_HEAD,),
+}
+# Groups applied first are overridden by more specific ones later.
+_GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "experts",
+                "embedding", "router", "moe_router", "norm", "lm_head")
+# Group -> [NUM_KINDS] bool: which row kinds a group covers (a lookup, faster than np.isin).
+_GROUP_KINDS = {g: np.isin(np.arange(A.NUM_KINDS), ks) for g, ks in LAYER_GROUPS.items()}
+DEFAULT_PRECISION = {"default": "bf16"}
+
+_INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
+               "pool")
+
+
+@struct.dataclass
+class Plan:
+    """Per-tenant plan arrays (see module docstring for shapes)."""
+
+    precision: jnp.ndarray
+    gpus: jnp.ndarray
+    tp: jnp.ndarray
+    pp: jnp.ndarray
+    zero_stage: jnp.ndarray
+    recompute: jnp.ndarray
+    kv_precision: jnp.ndarray
+    micro_batch: jnp.ndarray
+    pool: jnp.ndarray
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(self.gpus.shape[:-1])
+
+    @classmethod
+    def idle(cls, num_tenants: int, num_layers: int, xp=jnp) -> Plan:
+        """The plan that places nobody: every row and the KV cache in BF16, zero GPUs, degrees
+        and micro-batch 1, ZeRO 0, no recomputation, pool 0 (``xp=numpy`` for host arrays).
+        These are also the defaults of every field of :meth:`from_choices`."""
+        def full(value):  # a fresh array per field (host arrays are written in place)
+            return xp.full(num_tenants, value, xp.int32)
+
+        return cls(precision=xp.full((num_tenants, num_layers), F.BF16, xp.int32),
+                   gpus=full(0), tp=full(1), pp=full(1), zero_stage=full(0), recompute=full(0),
+                   kv_precision=full(F.BF16), micro_batch=full(1), pool=full(0))
+
+    @classmethod
+    def stack(cls, plans: Sequence[Plan]) -> Plan:
+        """Stack plans along a new leading batch axis."""
+        return jax.tree.map(lambda *a: jnp.stack(a), *plans)
+
+    @classmethod
+    def from_choices(cls, scenario, choices: Sequence[Mapping[str, Any]]) -> Plan:
+        """A plan from one mapping per present tenant (missing tenants get zero GPUs).
+
+        Keys (all optional): ``precision`` (``{"default": "bf16", "mlp": "fp8", ...}`` over
+        :data:`LAYER_GROUPS`, plus ``"layers": {row: fmt}`` and
+        ``"blocks": {block: {group: fmt}}`` overrides), ``gpus`` (1), ``tp`` (1), ``pp`` (1),
+        ``zero_stage`` (0), ``recompute`` (False), ``kv_precision`` ("bf16"),
+        ``micro_batch`` (1), ``pool`` (0).
+
+        Example:
+            >>> from libratio_jax.physics.scenario import reference_scenario
+            >>> sc = reference_scenario()
+            >>> p = Plan.from_choices(sc, [{"gpus": 2, "precision": {"mlp": "fp8"}}] * 4)
+            >>> p.precision.shape
+            (4, 399)
+        """
+        arrays = choices_to_arrays(np.asarray(scenario.models.kind),
+                                   np.asarray(scenario.models.block),
+                                   np.asarray(scenario.models.valid),
+                                   int(np.sum(np.asarray(scenario.present))), choices)
+        return cls(**{k: jnp.asarray(v) for k, v in arrays.items()})
+
+
+def choices_to_arrays(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_present: int,
+                      choices: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The NumPy core of :meth:`Plan.from_choices`: plan fields as host arrays.
+
+    ``kinds``, ``blocks``, ``valid``: ``[M, L]`` row tables of the scenario's models. Padding
+    rows (``valid`` False) always hold BF16 and absent tenants the idle defaults, so two plans
+    that mean the same thing have identical arrays. Raises ValueError naming the field.
+    """
+    m, l = kinds.shape
+    if len(choices) > m:
+        raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
+    idle = Plan.idle(m, l, np)
+    prec = idle.precision
+    ints = {k: getattr(idle, k) for k in _INT_FIELDS}
+    for i, ch in enumerate(choices):
+        if not isinstance(ch, Mapping):
+            raise ValueError(f"plan: tenant {i} choices must be a mapping")
+        unknown = set(ch) - {"precision", *_INT_FIELDS}
+        if unknown:
+            raise ValueError(f"plan: tenant {i}: unknown fields {sorted(unknown)}")
+        rows = _expand_precision(ch.get("precision", DEFAULT_PRECISION), kinds[i], blocks[i],
+                                 f"plan: tenant {i} precision")
+        prec[i] = np.where(valid[i], rows, F.BF16)
+        ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), f"tenant {i} gpus")
+        for k in ("tp", "pp", "micro_batch"):
+            ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
+        ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
+        ints["recompute"][i] = int(bool(ch.get("recompute", False)))
+        ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
+        try:
+            ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
+        except ValueError as e:
+            raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
+    return {"precision": prec, **ints}
+
+
+# Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
+_INT_LIMIT = 2**24
+
+
+def _int(v: Any, field: str) -> int:
+    if not _is_integral(v):
+        raise ValueError(f"plan: {field} must be an integer, got {v!r}")
+    if abs(int(v)) > _INT_LIMIT:
+        raise ValueError(f"plan: {field} = {v!r} is out of range")
+    return int(v)
+
+
+def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: np.ndarray,
+                      field: str) -> np.ndarray:
+    """Expand readable group choices to one format id per row."""
+    if isinstance(spec, str):
+        spec = {"default": spec}
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{field} must be a mapping of layer groups to formats")
+
+    def fid(v, where):
+        try:
+            return F.format_id(v)
+        except ValueError as e:
+            raise ValueError(f"{field}[{where!r}]: {e}") from None
+
+    allowed = set(LAYER_GROUPS) | {"default", "layers", "blocks"}
+    unknown = set(spec) - allowed
+    if unknown:
+        raise ValueError(f"{field}: unknown layer groups {sorted(unknown)}; "
+                         f"valid: {', '.join(sorted(allowed))}")
+    out = np.full(kinds.shape, fid(spec.get("default", "bf16"), "default"), np.int32)
+
+    def apply(groups: Mapping[str, Any], rows_mask: np.ndarray, where: str):
+        bad = set(groups) - set(LAYER_GROUPS) - {"default"}
+        if bad:
+            raise ValueError(f"{field}: unknown layer groups {sorted(bad)} in {where}")
+        if "default" in groups:
+            out[rows_mask] = fid(groups["default"], where)
+        for g in _GROUP_ORDER:
+            if g in groups:
+                out[rows_mask & _GROUP_KINDS[g][kinds]] = fid(groups[g], g)
+
+    apply({k: v for k, v in spec.items() if k in LAYER_GROUPS}, np.ones_like(kinds, bool), "")
+    for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
+        b = _index(b, f"{field}: block")
+        if not (0 <= b <= blocks.max()):
+            raise ValueError(f"{field}: block {b!r} out of range")
+        apply(groups if isinstance(groups, Mapping) else {"default": groups},
+              blocks == b, f"blocks[{b}]")
+    for r, v in _mapping(spec.get("layers"), f"{field}['layers']").items():
+        r = _index(r, f"{field}: layer row")
+        if not (0 <= r < len(kinds)):
+            raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
+        out[r] = fid(v, f"layers[{r}]")
+    return out
+
+
+def _is_integral(x: Any) -> bool:
+    """An int, or a finite float with an integer value (not a bool)."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    return isinstance(x, (float, np.floating)) and math.isfinite(x) and x == int(x)
+
+
+def _mapping(x: Any, field: str) -> Mapping:
+    if x is None:
+        return {}
+    if not isinstance(x, Mapping):
+        raise ValueError(f"{field} must be a mapping")
+    return x
+
+
+def _index(x: Any, field: str) -> int:
+    """An integer index from an int (or an integral float); ValueError otherwise."""
+    if not _is_integral(x):
+        raise ValueError(f"{field} {x!r} is not an integer")
+    return int(x)
+
+
+def validate_plan(scenario, plan: Plan) -> None:
+    """Check a concrete plan against a scenario; raise ValueError naming the field.
+
+    Checks: shapes; format ids in range; per present tenant with GPUs: ``tp, pp,
+    micro_batch >= 1``, ``tp * pp`` divides ``gpus``, ``tp`` divides the attention and KV heads,
+    ``pp <= n_blocks``, ``zero_stage`` in 0..3, ``pool`` a valid pool, and ``gpus`` not more
+    than that pool has. (Several tenants together may over-commit the cluster: that is a
+    physical outcome, flagged in ``Metrics.overcommitted``, not an input error.)
+    """
+    m, l = scenario.num_tenants, scenario.num_layers
+    for name in ("precision",) + _INT_FIELDS:
+        x = getattr(plan, name)
+        if isinstance(x, jax.core.Tracer):
+            return  # traced: validation happens at the boundary, not inside jit
+    prec = np.asarray(plan.precision)
+    batch = prec.shape[:-2]
+    if prec.shape[-2:] != (m, l):
+        raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
+    if not np.issubdtype(prec.dtype, np.integer):
+        raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
+    if prec.size and (prec.min() < 0 or prec.max() >= F.NUM_FORMATS):
+        raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
+    vals = {}
+    for name in _INT_FIELDS:
+        x = np.asarray(getattr(plan, name))
+        if x.shape != batch + (m,):
+            raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
+        vals[name] = np.broadcast_to(x, batch + (m,)).reshape(-1, m).astype(np.int64)
+    kv = vals["kv_precision"]
+    if kv.size and (kv.min() < 0 or kv.max() >= F.NUM_FORMATS):
+        raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
+    present = np.asarray(scenario.present)
+    heads = np.asarray(scenario.models.n_heads).astype(np.int64)
+    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(np.int64)
+    n_blocks = np.asarray(scenario.models.n_blocks).astype(np.int64)
+    pool_count = np.asarray(scenario.cluster.gpu_count)
+    pool_valid = np.asarray(scenario.cluster.valid)
+    g = vals["gpus"]
+    if (g < 0).any():
+        raise ValueError("plan.gpus must be >= 0")
+    for field in ("tp", "pp", "micro_batch"):
+        bad = (vals[field] < 1) & (g > 0)
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan {b})")
+    checks = [
+        ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
+        ((vals["pool"] < 0) | (vals["pool"] >= len(pool_count)), "pool is not a cluster pool"),
+    ]
+    for bad, msg in checks:
+        bad = bad & present
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(f"plan tenant {i} (plan {b}): {msg}")
+    pool = np.clip(vals["pool"], 0, len(pool_count) - 1)
+    active = (g > 0) & present
+    tp, pp = np.maximum(vals["tp"], 1), np.maximum(vals["pp"], 1)
+    rules = [
+        (~pool_valid[pool], "pool is padding, not a real pool", "pool"),
+        (g > pool_count[pool], "asks for more GPUs than its pool has", "gpus"),
+        (g % (tp * pp) != 0, "tp * pp must divide gpus", "tp"),
+        ((heads % tp != 0) | (kv_heads % tp != 0), "tp must divide the attention and KV heads",
+         "tp"),
+        (pp > n_blocks, "pp exceeds the model's blocks", "pp"),
+    ]
+    for bad, msg, field in rules:
+        bad = bad & active
+        if bad.any():
+            b, i = np.argwhere(bad)[0]
+            raise ValueError(
+                f"plan.{field}[{i}] (plan {b}): tenant {i} {msg} "
+                f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
+                f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})"
+            )
+
+
+# Menus: the values a random plan and the factorized plan space (agents/plan_space.py) choose
+# from, per field (index -> value). Degrees stay within an NVLink domain (8 GPUs) for tp;
+# pools hold up to 32 GPUs per data-parallel group.
+FORMAT_MENU: tuple[int, ...] = tuple(range(F.NUM_FORMATS))
+TP_MENU: tuple[int, ...] = (1, 2, 4, 8)
+PP_MENU: tuple[int, ...] = (1, 2, 4)
+DP_MENU: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+ZERO_MENU: tuple[int, ...] = (0, 1, 2, 3)
+RECOMPUTE_MENU: tuple[int, ...] = (0, 1)
+KV_MENU: tuple[int, ...] = (F.BF16, F.FP8_E4M3, F.INT8)
+MICRO_BATCH_MENU: tuple[int, ...] = (1, 2, 4)
+
+
+def _choose(key, allowed):
+    """Index of a uniformly chosen True entry of ``allowed`` (entry 0 if none)."""
+    first = jnp.arange(allowed.shape[0]) == 0
+    ok = jnp.where(jnp.any(allowed), allowed, first)
+    return jax.random.categorical(key, jnp.where(ok, 0.0, -jnp.inf))
+
+
+def random_valid_plan(key, scenario, *, per_layer: bool = False) -> Plan:
+    """A random plan that passes :func:`validate_plan` for each tenant on its own (jittable;
+    ``vmap`` it over keys or scenarios). Per present tenant, from the ``*_MENU`` constants: a
+    pool with GPUs, ``tp`` dividing the heads and KV heads, ``pp`` at most the blocks,
+    ``tp * pp * dp`` within the pool, a ZeRO stage, recomputation, micro-batch, KV format and
+    a format per layer kind (``per_layer``: per row). Absent tenants get the idle plan.
+    Tenants are independent, so together they may over-commit the cluster.
+
+    Example:
+        >>> from libratio_jax.physics.scenario import reference_scenario
+        >>> sc = reference_scenario(block_groups=1)
+        >>> validate_plan(sc, random_valid_plan(jax.random.PRNGKey(0), sc))  # no error
+    """
+    m, l = scenario.num_tenants, scenario.num_layers
+    models = scenario.models
+    counts = jnp.where(scenario.cluster.valid, scenario.cluster.gpu_count, 0)
+    keys = jax.random.split(key, 9)
+    per = lambda k: jax.random.split(k, m)  # noqa: E731
+    pool = jax.vmap(lambda k: _choose(k, counts > 0))(per(keys[0]))
+    cap = counts[pool][:, None]
+    tp_menu, pp_menu, dp_menu = (jnp.asarray(x, jnp.int32) for x in (TP_MENU, PP_MENU, DP_MENU))
+    heads = models.n_heads.astype(jnp.int32)[:, None]
+    kv = models.n_kv_heads.astype(jnp.int32)[:, None]
+    tp_ok = (heads % tp_menu == 0) & (kv % tp_menu == 0) & (tp_menu <= cap)
+    tp = tp_menu[jax.vmap(_choose)(per(keys[1]), tp_ok)]
+    pp_ok = (pp_menu <= models.n_blocks[:, None]) & (tp[:, None] * pp_menu <= cap)
+    pp = pp_menu[jax.vmap(_choose)(per(keys[2]), pp_ok)]
+    dp_ok = (tp * pp)[:, None] * dp_menu <= cap
+    dp = dp_menu[jax.vmap(_choose)(per(keys[3]), dp_ok)]
+    formats = jnp.asarray(FORMAT_MENU, jnp.int32)
+    if per_layer:
+        precision = formats[jax.random.randint(keys[4], (m, l), 0, len(FORMAT_MENU))]
+    else:
+        per_kind = formats[jax.random.randint(keys[4], (m, A.NUM_KINDS), 0, len(FORMAT_MENU))]
+        precision = jnp.take_along_axis(per_kind, models.kind, axis=1)
+    pick = lambda k, menu: jnp.asarray(menu, jnp.int32)[  # noqa: E731
+        jax.random.randint(k, (m,), 0, len(menu))]
+    plan = Plan(
+        precision=precision.astype(jnp.int32), gpus=(tp * pp * dp).astype(jnp.int32),
+        tp=tp.astype(jnp.int32), pp=pp.astype(jnp.int32),
+        zero_stage=pick(keys[5], ZERO_MENU), recompute=pick(keys[6], RECOMPUTE_MENU),
+        kv_precision=pick(keys[7], KV_MENU), micro_batch=pick(keys[8], MICRO_BATCH_MENU),
+        pool=pool.astype(jnp.int32))
+    keep = scenario.present
+    idle = Plan.idle(m, l)
+    return jax.tree.map(
+        lambda a, b: jnp.where(keep.reshape((m,) + (1,) * (a.ndim - 1)), a, b), plan, idle)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "per_layer"))
+def _sample_plans(scenario, key, n: int, per_layer: bool) -> Plan:
+    return jax.vmap(lambda k: random_valid_plan(k, scenario, per_layer=per_layer))(
+        jax.random.split(key, n))
+
+
+def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> Plan:
+    """``n`` random plans ``[n, ...]`` that pass :func:`validate_plan`: :func:`random_valid_plan`
+    with keys from ``PRNGKey(seed)``, one jitted call (``per_layer``: a format per row rather
+    than per layer kind)."""
+    return _sample_plans(scenario, jax.random.PRNGKey(int(seed)), int(n), bool(per_layer))

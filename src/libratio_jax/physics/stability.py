@@ -1,0 +1,97 @@
+"""Numerical stability per layer (the "Scoring Module"): a score in (0, 1] per row, a tenant
+score and a divergence flag.
+
+Model: a row of kind ``k`` in format ``f`` scores ``exp(-u_f / tol_k)`` where ``u_f`` is the
+format's unit roundoff (formats.UNIT_ROUNDOFF; for integer and code-book formats the effective
+relative error of a scaled tensor, see ``EFFECTIVE_ROUNDOFF``) and ``tol_k`` the relative
+error the layer kind tolerates. Tolerances follow practice:
+- embeddings, the output head, normalization and MoE routers stay in BF16/FP32 (NVIDIA
+  Transformer Engine keeps them out of FP8; DeepSeek-V3 technical report §3.3.1 keeps the
+  embedding, output head, MoE gating, normalization and attention operators in BF16/FP32);
+- FFN and projection GEMMs tolerate FP8 with per-tensor or block scaling (Micikevicius et al.
+  2022; DeepSeek-V3 §3.3), the attention output projection and MLP down-projection a little
+  less (their inputs have outliers: Dettmers et al. 2022, LLM.int8()).
+In training, FP16 needs loss scaling to avoid gradient underflow and overflow (Micikevicius et
+al. 2018, "Mixed Precision Training", §3.2): a 0.9 factor. Serving tolerates 3x more error (no
+gradients accumulate it). The KV cache counts as one more row when serving.
+
+A tenant diverges when any valid row scores below ``DIVERGENCE_THRESHOLD`` (0.25): e.g. an
+FP8 embedding or output head in training (exp(-0.0625/0.02) = 0.04). The tenant score is the
+geometric mean over valid rows.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.scenario import TRAIN
+
+# Relative error tolerated per kind (training), in KIND_NAMES order.
+TOLERANCE = np.array([
+    0.02,  # embedding
+    0.5,   # attn_qkv
+    0.35,  # attn_out
+    0.6,   # mlp_in
+    0.45,  # mlp_out
+    0.01,  # moe_router
+    0.6,   # moe_expert_in
+    0.45,  # moe_expert_out
+    0.02,  # norm
+    0.02,  # lm_head
+])
+KV_CACHE_TOLERANCE = 0.25
+SERVE_TOLERANCE_FACTOR = 3.0
+FP16_TRAIN_FACTOR = 0.9
+DIVERGENCE_THRESHOLD = 0.25
+
+EFFECTIVE_ROUNDOFF = F.EFFECTIVE_ROUNDOFF  # per format (formats.py has its sources)
+
+
+def _stability_tables() -> np.ndarray:
+    """``[2 modes, NUM_KINDS, NUM_FORMATS]`` float64 table of row scores."""
+    u = EFFECTIVE_ROUNDOFF[None, :]
+    train = np.exp(-u / TOLERANCE[:, None])
+    train[:, F.FP16] *= FP16_TRAIN_FACTOR
+    serve = np.exp(-u / (SERVE_TOLERANCE_FACTOR * TOLERANCE[:, None]))
+    return np.stack([train, serve])
+
+
+STABILITY_TABLE = _stability_tables()
+KV_STABILITY = np.exp(-EFFECTIVE_ROUNDOFF / (SERVE_TOLERANCE_FACTOR * KV_CACHE_TOLERANCE))
+
+
+def layer_log_stability(model: A.ModelSpec, mode, precision):
+    """Log score per row ``[L]`` (``-u_eff / tol``, + log 0.9 for FP16 in training);
+    padding rows 0."""
+    serving = mode != TRAIN
+    inv_tol = 1.0 / (jnp.asarray(TOLERANCE, jnp.float32)[model.kind]
+                     * jnp.where(serving, SERVE_TOLERANCE_FACTOR, 1.0))
+    (neg_u,) = F.select_columns(precision, -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32)[:, None])
+    fp16 = jnp.where((precision == F.FP16) & ~serving, np.float32(np.log(FP16_TRAIN_FACTOR)), 0.0)
+    return jnp.where(model.valid, neg_u * inv_tol + fp16, 0.0)
+
+
+def layer_stability(model: A.ModelSpec, mode, precision):
+    """Score per row ``[L]`` in (0, 1]; padding rows score 1."""
+    return jnp.exp(layer_log_stability(model, mode, precision))
+
+
+def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision):
+    """``(layer_scores[L], score, diverges)`` for one tenant.
+
+    The score is the geometric mean over valid rows weighted by ``count`` (the sub-layers
+    a merged row stands for), with the KV cache as one more row when serving.
+    """
+    logs = layer_log_stability(model, mode, precision)
+    serving = mode != TRAIN
+    kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
+                       0.0)
+    weight = jnp.where(model.valid, model.count, 0.0)
+    log_sum = jnp.sum(logs * weight) + kv_log
+    count = jnp.sum(weight) + serving
+    score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
+    worst = jnp.minimum(jnp.min(logs), kv_log)
+    return jnp.exp(logs), score, worst < np.log(DIVERGENCE_THRESHOLD)

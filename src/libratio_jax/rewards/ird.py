@@ -1,0 +1,52 @@
+"""Inverse Reward Design: rules that detect plans gaming the physics, each named and reported.
+
+When any rule fires for a plan, the team reward (and every agent's reward) is overridden by a
+fixed floor (``RewardParams.ird_floor``, 0.01 by default) instead of whatever the formula would
+give (Hadfield-Menell et al. 2017, "Inverse Reward Design": treat the designed reward as
+evidence, not truth, outside the situations it was designed for).
+
+Rules (``RULE_NAMES`` order):
+- ``all_lowest_precision``: a present tenant runs every layer in a 4-bit format.
+- ``starved``: a present tenant with work gets no GPUs.
+- ``out_of_memory``: a tenant with GPUs does not fit in memory.
+- ``overcommitted``: the tenants ask for more GPUs than a pool has, or more power than the cap.
+- ``diverges``: a tenant's numerics certainly diverge.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from libratio_jax.physics import formats as F
+
+RULE_NAMES: tuple[str, ...] = ("all_lowest_precision", "starved", "out_of_memory",
+                               "overcommitted", "diverges")
+NUM_RULES = len(RULE_NAMES)
+LOWEST_PRECISION_BITS = 4.5  # INT4, NF4, MXFP4, NVFP4
+
+
+def rules(metrics, scenario, plan):
+    """``[NUM_RULES]`` bools: which rules fire for this plan."""
+    present = scenario.present
+    valid = scenario.models.valid
+    bits = jnp.asarray(F.STORAGE_BITS, jnp.float32)[plan.precision]
+    all_low = jnp.all(jnp.where(valid, bits <= LOWEST_PRECISION_BITS, True), axis=-1)
+    has_work = scenario.workloads.batch > 0
+    return jnp.stack([
+        jnp.any(present & all_low),
+        jnp.any(present & has_work & (plan.gpus <= 0)),
+        jnp.any(metrics.active & ~metrics.fits),
+        metrics.overcommitted | metrics.power_over_cap,
+        jnp.any(metrics.active & metrics.diverges),
+    ])
+
+
+def apply_floor(reward, fired, floor):
+    """``reward`` where no rule fired, else ``floor``."""
+    return jnp.where(jnp.any(fired), floor, reward)
+
+
+def rules_by_name(fired) -> dict:
+    """``{rule name: fired[..., r]}``: the rules of :func:`rules` by name (``fired`` may have
+    leading batch axes)."""
+    return {name: fired[..., r] for r, name in enumerate(RULE_NAMES)}

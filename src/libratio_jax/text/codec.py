@@ -1,0 +1,644 @@
+"""Plans as JSON text: the schema, readable renderings, and a tolerant parser that never raises.
+
+An LLM answers a planning prompt with a JSON plan (:data:`PLAN_JSON_SCHEMA`)::
+
+    {"tenants": [
+      {"id": 0, "pool": 0, "gpus": 4, "tp": 2, "pp": 1, "zero_stage": 3, "recompute": true,
+       "micro_batch": 1, "kv_precision": "bf16",
+       "precision": {"default": "bf16", "mlp": "fp8", "lm_head": "bf16",
+                     "blocks": {"0": {"mlp": "bf16"}}, "layers": {"5": "fp32"}}},
+      {"id": 1, "gpus": 2, "kv_precision": "fp8", "precision": "bf16"}]}
+
+Every field but ``id`` is optional, with :meth:`~libratio_jax.Plan.from_choices`'s defaults
+(``gpus`` 1, ``tp``/``pp``/``micro_batch`` 1, ``zero_stage`` 0, ``recompute`` false, formats
+BF16, ``pool`` 0); a present tenant left out of the plan gets no GPUs (the physics then fire
+the ``starved`` rule). ``precision`` is one format for every layer or a mapping over the
+layer groups of :data:`~libratio_jax.physics.plan.LAYER_GROUPS` with a ``default``, optional
+``blocks`` overrides (``{block: {group: format}}``) and ``layers`` overrides
+(``{row: format}``), applied in that order.
+
+:func:`parse_plan` is tolerant about presentation and strict about meaning. It accepts
+``<think>`` blocks (text up to the last ``</think>`` is ignored), code fences, prose around the
+JSON, trailing commas, Python literals (``True``/``None``), any case and ``-``/space
+separators in keys and names, common aliases (``num_gpus``, ``tensor_parallel``, ``fp8``,
+``BF16``, ``attn``, ``ffn`` ...), numbers written as strings, a bare list of tenants or a
+``{"tenants": {"0": {...}}}`` mapping. It takes the *last* plan-shaped JSON value in the
+text (an answer follows its reasoning). Unknown fields, unknown formats, tenants not in the
+scenario, duplicates and plans that break the scenario's rules (``tp`` must divide the heads,
+``tp * pp`` the GPUs, a pool's size, ... see :func:`~libratio_jax.validate_plan`) make the
+plan invalid, with a reason. It never raises, whatever the input.
+
+Parse stages (:class:`ParsedPlan.stage`): ``NO_JSON`` (0) no JSON value found, ``NOT_A_PLAN``
+(1) JSON that is not a plan of this scenario, ``INVALID`` (2) a plan that breaks the
+scenario's rules, ``VALID`` (3).
+
+Example:
+    >>> from libratio_jax.scenarios import preset
+    >>> sc = preset("small_fleet")
+    >>> text = 'Let me think.\\n```json\\n{"Tenants": [{"id": 0, "GPUs": 2, "precision": "BF16"},'\\
+    ...        ' {"id": 1, "gpus": 2, "precision": {"MLP": "fp8"}}]}\\n```'
+    >>> r = parse_plan(text, sc)
+    >>> r.valid, r.plan.gpus.tolist()[:2]
+    (True, [2, 2])
+    >>> parse_plan("no plan here", sc).reason
+    'no JSON value found'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from libratio_jax.physics import architecture as A
+from libratio_jax.physics import formats as F
+from libratio_jax.physics.hardware import GPU_NAMES
+from libratio_jax.physics.optimizer import OPTIMIZERS
+from libratio_jax.physics.plan import LAYER_GROUPS, Plan, choices_to_arrays, validate_plan
+from libratio_jax.physics.scenario import MODES
+
+NO_JSON, NOT_A_PLAN, INVALID, VALID = 0, 1, 2, 3
+STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
+
+# Longest completion text searched (the tail is kept: answers come last) and the most JSON
+# decoding attempts per text; both bound the parser's time on adversarial input.
+MAX_TEXT_CHARS = 32_768
+MAX_DECODE_ATTEMPTS = 256
+MAX_REASON_CHARS = 240
+
+_TENANT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
+                  "pool", "precision")
+PLAN_JSON_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "libratio_jax plan",
+    "type": "object",
+    "required": ["tenants"],
+    "properties": {"tenants": {"type": "array", "items": {
+        "type": "object",
+        "required": ["id"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "description": "tenant number"},
+            "model": {"type": "string", "description": "optional label, ignored"},
+            "pool": {"type": "integer", "minimum": 0, "default": 0},
+            "gpus": {"type": "integer", "minimum": 0, "default": 1},
+            "tp": {"type": "integer", "minimum": 1, "default": 1},
+            "pp": {"type": "integer", "minimum": 1, "default": 1},
+            "zero_stage": {"type": "integer", "enum": [0, 1, 2, 3], "default": 0},
+            "recompute": {"type": "boolean", "default": False},
+            "micro_batch": {"type": "integer", "minimum": 1, "default": 1},
+            "kv_precision": {"enum": list(F.FORMAT_NAMES), "default": "bf16"},
+            "precision": {"oneOf": [
+                {"enum": list(F.FORMAT_NAMES)},
+                {"type": "object", "properties": {
+                    "default": {"enum": list(F.FORMAT_NAMES)},
+                    **{g: {"enum": list(F.FORMAT_NAMES)} for g in LAYER_GROUPS},
+                    "blocks": {"type": "object", "additionalProperties": {"type": "object"}},
+                    "layers": {"type": "object",
+                               "additionalProperties": {"enum": list(F.FORMAT_NAMES)}}},
+                 "additionalProperties": False}]},
+        }}}},
+}
+
+# Aliases (after lower-casing and turning spaces and '-' into '_').
+_FIELD_ALIASES = {
+    "gpus": "gpus", "num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "gpu": "gpus",
+    "tp": "tp", "tensor_parallel": "tp", "tensor_parallel_size": "tp", "tp_size": "tp",
+    "pp": "pp", "pipeline_parallel": "pp", "pipeline_parallel_size": "pp", "pp_size": "pp",
+    "zero_stage": "zero_stage", "zero": "zero_stage", "zero_optimization": "zero_stage",
+    "recompute": "recompute", "activation_recompute": "recompute",
+    "activation_checkpointing": "recompute", "gradient_checkpointing": "recompute",
+    "recomputation": "recompute",
+    "kv_precision": "kv_precision", "kv_cache": "kv_precision",
+    "kv_cache_precision": "kv_precision", "kv_dtype": "kv_precision",
+    "kv_format": "kv_precision", "kv_cache_dtype": "kv_precision",
+    "micro_batch": "micro_batch", "micro_batch_size": "micro_batch", "microbatch": "micro_batch",
+    "pool": "pool", "gpu_pool": "pool", "pool_id": "pool",
+    "precision": "precision", "precisions": "precision", "formats": "precision",
+    "dtype": "precision", "dtypes": "precision", "layer_precision": "precision",
+}
+_ID_KEYS = ("id", "tenant", "tenant_id", "index")
+_LABEL_KEYS = ("model", "name", "model_name", "note", "notes", "comment")
+_GROUP_ALIASES = {
+    **{g: g for g in LAYER_GROUPS}, "default": "default",
+    "attn": "attention", "self_attn": "attention", "qkv": "attn_qkv", "o_proj": "attn_out",
+    "ffn": "mlp", "feed_forward": "mlp", "ff": "mlp", "gate": "router", "moe_gate": "router",
+    "embed": "embedding", "embeddings": "embedding", "embed_tokens": "embedding",
+    "head": "lm_head", "output": "lm_head", "output_head": "lm_head",
+    "norms": "norm", "layernorm": "norm", "layer_norm": "norm", "rmsnorm": "norm",
+    "blocks": "blocks", "per_block": "blocks", "layers": "layers", "rows": "layers",
+}
+_TRUE = {"true", "yes", "on", "1", "full", "enabled"}
+_FALSE = {"false", "no", "off", "0", "none", "disabled"}
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
+_THINK_START = re.compile(r"<think>", re.I)
+_THINK_END = re.compile(r"</think>", re.I)
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|$)", re.S)
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_PY_LITERAL = re.compile(r"\b(True|False|None)\b")
+_INT_TEXT = re.compile(r"\s*[+-]?\d+(?:\.0*)?\s*")
+_TENANT_ID_TEXT = re.compile(r"\s*(?:tenant|t)?[\s_#-]*(\d+)\s*", re.I)
+_ZERO_TEXT = re.compile(r"\s*(?:zero)?[\s_-]*(?:stage)?[\s_-]*([0-3])\s*", re.I)
+
+
+class _PlanError(ValueError):
+    """A completion's JSON is not a plan of the scenario (stage ``NOT_A_PLAN``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedPlan:
+    """What :func:`parse_plan` made of one completion.
+
+    ``plan``: a :class:`~libratio_jax.Plan` of NumPy arrays (no batch axis), ``None`` below
+    stage ``INVALID``; ``stage``: one of ``NO_JSON, NOT_A_PLAN, INVALID, VALID``; ``reason``:
+    why it is not valid ("" when it is).
+    """
+
+    plan: Plan | None
+    stage: int
+    reason: str
+
+    @property
+    def valid(self) -> bool:
+        return self.stage == VALID
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioTables:
+    """Host copies of the scenario fields the parser and renderers read (NumPy, unbatched).
+
+    Build once per scenario with :meth:`of` and reuse: parsing then needs no device transfer.
+    """
+
+    scenario: Any  # the scenario with NumPy leaves (validate_plan reads it on the host)
+    kinds: np.ndarray
+    blocks: np.ndarray
+    valid: np.ndarray
+    present: np.ndarray
+
+    @classmethod
+    def of(cls, scenario) -> ScenarioTables:
+        if isinstance(scenario, ScenarioTables):
+            return scenario
+        host = jax.tree.map(np.asarray, scenario)
+        if host.present.ndim != 1:
+            raise ValueError("parse/render: expected one scenario (no batch axis), got "
+                             f"present with shape {host.present.shape}")
+        return cls(host, host.models.kind, host.models.block, host.models.valid,
+                   host.present.astype(bool))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_scenario(scenario, *, names: Sequence[str] | None = None) -> str:
+    """The scenario as readable text for a prompt: the GPU pools and every present tenant's
+    model (size, shape), workload and throughput target.
+
+    ``names``: model names per tenant slot (default: catalog names from ``model_id``).
+    """
+    from libratio_jax.physics.architecture import catalog_models
+
+    t = ScenarioTables.of(scenario)
+    sc = t.scenario
+    c = sc.cluster
+    catalog = catalog_models()
+    lines = [f"Cluster (inlet air {float(c.inlet_celsius):.1f} °C"
+             + (f", power cap {float(c.power_cap_watts) / 1e3:,.0f} kW"
+                if np.isfinite(c.power_cap_watts) else "") + "):"]
+    for p in np.flatnonzero(c.valid):
+        kind = GPU_NAMES[int(c.gpu_kind[p])]
+        low = [n for n, cc in (("FP8", F.CC_FP8), ("FP4", F.CC_FP4)) if c.peak_flops[p, cc] > 0]
+        lines.append(
+            f"  pool {p}: {int(c.gpu_count[p])} x {kind}, {c.hbm_bytes[p] / 2**30:.0f} GiB HBM "
+            f"per GPU, {c.peak_flops[p, F.CC_BF16] / 1e12:,.0f} BF16 TFLOP/s dense, "
+            f"{'fast ' + '/'.join(low) + ' tensor cores' if low else 'no FP8 tensor cores'}, "
+            f"{int(c.gpus_per_node[p])} GPUs per node")
+    lines.append("Tenants:")
+    m = sc.models
+    w = sc.workloads
+    for i in np.flatnonzero(t.present):
+        mid = int(sc.model_id[i])
+        name = (names[i] if names is not None else
+                catalog[mid] if 0 <= mid < len(catalog) else "custom model")
+        params = float(np.sum(np.where(m.valid[i], m.params[i].astype(np.float64), 0.0)))
+        moe = (f", MoE with {int(m.n_experts[i])} experts ({int(m.experts_per_token[i])} per "
+               f"token)" if m.n_experts[i] > 0 else "")
+        mode = MODES[int(w.mode[i])]
+        what = (f"trains with {OPTIMIZERS[int(w.optimizer[i])]}: {int(w.batch[i])} sequences "
+                f"of {int(w.seq_len[i])} tokens per step" if mode == "train" else
+                f"serves {int(w.batch[i])} concurrent sequences of {int(w.seq_len[i])} tokens "
+                f"of context")
+        slo = float(w.slo_tokens_per_second[i])
+        lines.append(
+            f"  tenant {i}: {name}, {params / 1e9:.2f} B parameters, {int(m.n_blocks[i])} "
+            f"blocks, {int(m.n_heads[i])} attention heads, {int(m.n_kv_heads[i])} KV heads"
+            f"{moe}; {what}; priority {float(w.priority[i]):g}"
+            + (f"; target {slo:,.0f} tokens/s" if slo > 0 else ""))
+    return "\n".join(lines)
+
+
+# Disjoint groups the plan renderer uses (each row kind in exactly one group).
+_RENDER_GROUPS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("embedding", (A.EMBEDDING,)), ("attn_qkv", (A.ATTN_QKV,)), ("attn_out", (A.ATTN_OUT,)),
+    ("mlp_in", (A.MLP_IN, A.MOE_EXPERT_IN)), ("mlp_out", (A.MLP_OUT, A.MOE_EXPERT_OUT)),
+    ("router", (A.MOE_ROUTER,)), ("norm", (A.NORM,)), ("lm_head", (A.LM_HEAD,)),
+)
+_MERGED = (("attention", "attn_qkv", "attn_out"), ("mlp", "mlp_in", "mlp_out"))
+
+
+def _mode(x: np.ndarray) -> int:
+    vals, counts = np.unique(x, return_counts=True)
+    return int(vals[np.argmax(counts)])
+
+
+def _precision_choice(prec: np.ndarray, kinds: np.ndarray, blocks: np.ndarray,
+                      valid: np.ndarray) -> dict | str:
+    """The shortest readable ``precision`` value that expands back to exactly ``prec`` on the
+    valid rows: a default, group formats, then ``blocks`` and ``layers`` overrides."""
+    name = F.format_name
+    default = _mode(prec[valid])
+    assigned = np.full(prec.shape, default)
+    groups: dict[str, int] = {}
+    for g, ks in _RENDER_GROUPS:
+        rows = valid & np.isin(kinds, ks)
+        if rows.any():
+            f = _mode(prec[rows])
+            groups[g] = f
+            assigned[rows] = f
+    out: dict[str, Any] = {"default": name(default)}
+    for merged, a, b in _MERGED:  # one "attention"/"mlp" key where both halves agree
+        if a in groups and b in groups and groups[a] == groups[b]:
+            groups[merged] = groups.pop(a)
+            groups.pop(b)
+    out.update({g: name(f) for g, f in groups.items() if f != default})
+    block_over: dict[str, dict[str, str]] = {}
+    for b in np.unique(blocks[valid & (blocks >= 0)]):
+        for g, ks in _RENDER_GROUPS:
+            rows = valid & (blocks == b) & np.isin(kinds, ks)
+            vals = np.unique(prec[rows])
+            if len(vals) == 1 and vals[0] != assigned[rows][0] and rows.sum() > 1:
+                block_over.setdefault(str(int(b)), {})[g] = name(vals[0])
+                assigned[rows] = vals[0]
+    if block_over:
+        out["blocks"] = block_over
+    rest = np.flatnonzero(valid & (prec != assigned))
+    if len(rest):
+        out["layers"] = {str(int(r)): name(prec[r]) for r in rest}
+    return out["default"] if len(out) == 1 else out
+
+
+def plan_to_json(scenario, plan, *, tenants: Sequence[int] | None = None) -> dict:
+    """One plan (no batch axis) as a JSON-able dict in the :data:`PLAN_JSON_SCHEMA` form,
+    listing every present tenant (or ``tenants``) with every field."""
+    t = ScenarioTables.of(scenario)
+    p = jax.tree.map(np.asarray, plan)
+    if p.precision.shape != t.kinds.shape:
+        raise ValueError(f"plan.precision has shape {p.precision.shape}; expected "
+                         f"{t.kinds.shape} (one plan, no batch axis)")
+    ids = np.flatnonzero(t.present) if tenants is None else [int(i) for i in tenants]
+    out = []
+    for i in ids:
+        out.append({
+            "id": int(i), "pool": int(p.pool[i]), "gpus": int(p.gpus[i]), "tp": int(p.tp[i]),
+            "pp": int(p.pp[i]), "zero_stage": int(p.zero_stage[i]),
+            "recompute": bool(p.recompute[i]), "micro_batch": int(p.micro_batch[i]),
+            "kv_precision": F.format_name(p.kv_precision[i]),
+            "precision": _precision_choice(p.precision[i], t.kinds[i], t.blocks[i],
+                                           t.valid[i]),
+        })
+    return {"tenants": out}
+
+
+def render_plan(scenario, plan, *, indent: int | None = None,
+                tenants: Sequence[int] | None = None) -> str:
+    """One plan as JSON text that :func:`parse_plan` reads back to identical arrays
+    (:func:`canonical_plan` of the input)."""
+    return json.dumps(plan_to_json(scenario, plan, tenants=tenants), indent=indent)
+
+
+def canonical_plan(scenario, plan) -> Plan:
+    """The plan with padding rows at BF16 and absent tenants at the idle defaults (NumPy;
+    any leading batch axes). The physics ignore both, so the metrics are unchanged; it is the
+    form :func:`parse_plan` returns, so ``parse(render(p)).plan == canonical_plan(p)``."""
+    t = ScenarioTables.of(scenario)
+    p = jax.tree.map(np.asarray, plan)
+    idle = idle_plan(t)
+    keep = t.present
+    return Plan(
+        precision=np.where(keep[:, None] & t.valid, p.precision, F.BF16).astype(np.int32),
+        **{f: np.where(keep, getattr(p, f), getattr(idle, f)).astype(np.int32)
+           for f in _TENANT_FIELDS if f != "precision"})
+
+
+def idle_plan(scenario) -> Plan:
+    """The plan that places nobody (NumPy arrays): :meth:`Plan.idle`."""
+    t = ScenarioTables.of(scenario)
+    return Plan.idle(*t.kinds.shape, xp=np)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a TRL completion: a string (standard) or a list of messages
+    (conversational: the assistant messages' contents, joined). Anything else gives ""."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)):
+        parts = []
+        for msg in completion:
+            if not isinstance(msg, Mapping) or msg.get("role", "assistant") != "assistant":
+                continue
+            content = msg.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, (list, tuple)):  # content parts: [{"type": "text", ...}]
+                parts.extend(c.get("text", "") for c in content
+                             if isinstance(c, Mapping) and isinstance(c.get("text"), str))
+        return "\n".join(parts)
+    return ""
+
+
+def _strip_thinking(text: str) -> str:
+    """Drop reasoning: everything up to the last ``</think>``, then any ``<think>`` block
+    (an unfinished one runs to the end)."""
+    ends = [m.end() for m in _THINK_END.finditer(text)]
+    if ends:
+        text = text[ends[-1]:]
+    text = _THINK_BLOCK.sub("", text)
+    start = _THINK_START.search(text)
+    return text[:start.start()] if start else text
+
+
+def _decode_all(text: str, budget: list[int]) -> list[Any]:
+    """Every top-level JSON object or array in ``text``, in order (bounded attempts)."""
+    dec = json.JSONDecoder()
+    found = []
+    pos = 0
+    n = len(text)
+    while pos < n and budget[0] > 0:
+        starts = [j for j in (text.find("{", pos), text.find("[", pos)) if j >= 0]
+        if not starts:
+            break
+        j = min(starts)
+        budget[0] -= 1
+        try:
+            obj, end = dec.raw_decode(text, j)
+        except (ValueError, RecursionError):
+            pos = j + 1
+            continue
+        found.append(obj)
+        pos = end
+    return found
+
+
+def _repair(text: str) -> str:
+    """Lenient fixes: trailing commas, Python literals, single quotes (if no double ones).
+    None of them changes valid JSON outside its strings."""
+    text = _TRAILING_COMMA.sub(r"\1", text)
+    text = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m[1]],
+                           text)
+    if '"' not in text:
+        text = text.replace("'", '"')
+    return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm_key(k: Any) -> str:
+    return "_".join(str(k).strip().lower().replace("-", " ").split())
+
+
+def _plan_shaped(obj: Any) -> bool:
+    if isinstance(obj, list):
+        return bool(obj) and all(isinstance(x, Mapping) for x in obj)
+    if isinstance(obj, Mapping):
+        keys = {_norm_key(k) for k in obj}
+        return bool(keys & {"tenants", "plan", "allocations"}) or bool(
+            keys & set(_FIELD_ALIASES))
+    return False
+
+
+def extract_json(text: Any) -> tuple[Any, int, str]:
+    """``(value, stage, reason)``: the last plan-shaped JSON value of a completion's text
+    (``stage`` ``VALID`` when found, else ``NO_JSON`` or ``NOT_A_PLAN`` with a reason)."""
+    if not isinstance(text, str):
+        return None, NO_JSON, "completion is not text"
+    text = _strip_thinking(text[-MAX_TEXT_CHARS:])
+    if not text.strip():
+        return None, NO_JSON, "empty completion"
+    budget = [MAX_DECODE_ATTEMPTS]
+    found_json = False
+    # Fenced blocks first (the last plan in a fence wins), then the whole text.
+    for chunks in ([m[1] for m in _FENCE.finditer(text)], [text]):
+        shaped = []
+        for chunk in chunks:
+            vals = _decode_all(_repair(chunk), budget)
+            found_json |= bool(vals)
+            shaped += [v for v in vals if _plan_shaped(v)]
+        if shaped:
+            return shaped[-1], VALID, ""
+    if found_json:
+        return None, NOT_A_PLAN, "JSON found, but not a plan (expected {\"tenants\": [...]})"
+    return None, NO_JSON, "no JSON value found"
+
+
+def _as_int(v: Any, field: str, pattern: re.Pattern = _INT_TEXT) -> int:
+    if isinstance(v, str):
+        m = pattern.fullmatch(v)
+        if not m:
+            raise _PlanError(f"{field} must be an integer, got {v!r}")
+        v = float(m[1] if m.groups() else m[0])
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
+            float("inf"), float("-inf")) or int(v) != v:
+        raise _PlanError(f"{field} must be an integer, got {v!r}")
+    if abs(v) > 2**24:
+        raise _PlanError(f"{field} = {v!r} is out of range")
+    return int(v)
+
+
+def _as_bool(v: Any, field: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    raise _PlanError(f"{field} must be true or false, got {v!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_or_none(v: str | int) -> int | None:
+    try:
+        return F.format_id(v)
+    except ValueError:
+        return None
+
+
+def _as_format(v: Any, field: str) -> int:
+    fid = None if isinstance(v, bool) or not isinstance(v, (str, int)) else _format_or_none(v)
+    if fid is None:
+        raise _PlanError(f"{field}: unknown format {v!r}; valid: {', '.join(F.FORMAT_NAMES)}")
+    return fid
+
+
+def _norm_precision(v: Any, field: str) -> dict:
+    """A ``precision`` value in :func:`~libratio_jax.physics.plan.choices_to_arrays` form."""
+    if not isinstance(v, Mapping):
+        return {"default": _as_format(v, field)}
+    out: dict[str, Any] = {}
+    for k, x in v.items():
+        g = _GROUP_ALIASES.get(_norm_key(k))
+        if g is None:
+            raise _PlanError(f"{field}: unknown layer group {k!r}; valid: "
+                             f"default, {', '.join(LAYER_GROUPS)}, blocks, layers")
+        if g in out:
+            raise _PlanError(f"{field}: layer group {g!r} given twice")
+        if g == "blocks":
+            if not isinstance(x, Mapping):
+                raise _PlanError(f"{field}.blocks must map block numbers to group formats")
+            out[g] = {_as_int(b, f"{field}.blocks key"): _norm_precision(gs, f"{field}.blocks")
+                      for b, gs in x.items()}
+            if any(set(gs) & {"blocks", "layers"} for gs in out[g].values()):
+                raise _PlanError(f"{field}.blocks: overrides cannot nest")
+        elif g == "layers":
+            if not isinstance(x, Mapping):
+                raise _PlanError(f"{field}.layers must map row numbers to formats")
+            out[g] = {_as_int(r, f"{field}.layers key"): _as_format(f, f"{field}.layers")
+                      for r, f in x.items()}
+        else:
+            out[g] = _as_format(x, f"{field}.{g}")
+    return out
+
+
+def _tenant_entries(obj: Any) -> list[tuple[Any, Any]]:
+    """``[(id or None, entry)]`` from the accepted top-level forms."""
+    if isinstance(obj, Mapping):
+        keys = {_norm_key(k): k for k in obj}
+        for name in ("plan", "tenants", "allocations"):
+            if name in keys:
+                inner = obj[keys[name]]
+                if name == "plan" and isinstance(inner, (Mapping, list)):
+                    return _tenant_entries(inner)
+                if isinstance(inner, list):
+                    return [(None, e) for e in inner]
+                if isinstance(inner, Mapping):
+                    return list(inner.items())
+                raise _PlanError(f"'{keys[name]}' must be a list of tenant plans")
+        return [(None, obj)]  # a single tenant's plan
+    if isinstance(obj, list):
+        return [(None, e) for e in obj]
+    raise _PlanError("expected {\"tenants\": [...]}")
+
+
+def _tenant_choices(entries, n_slots: int, present: np.ndarray,
+                    agent: int | None) -> dict[int, dict]:
+    """Per tenant id, its choices in :func:`choices_to_arrays` form."""
+    out: dict[int, dict] = {}
+    for pos, (key, e) in enumerate(entries):
+        where = f"tenant entry {pos}"
+        if not isinstance(e, Mapping):
+            raise _PlanError(f"{where} is not an object")
+        ch: dict[str, Any] = {}
+        tid = None if key is None else _as_int(key, f"{where} key", _TENANT_ID_TEXT)
+        for k, v in e.items():
+            nk = _norm_key(k)
+            if nk in _ID_KEYS:
+                i = _as_int(v, f"{where} id", _TENANT_ID_TEXT)
+                if tid is not None and tid != i:
+                    raise _PlanError(f"{where}: id {i} differs from its key {tid}")
+                tid = i
+                continue
+            if nk in _LABEL_KEYS:
+                continue
+            f = _FIELD_ALIASES.get(nk)
+            if f is None:
+                raise _PlanError(f"{where}: unknown field {k!r}; valid: id, "
+                                 f"{', '.join(_TENANT_FIELDS)}")
+            if f in ch:
+                raise _PlanError(f"{where}: field {f!r} given twice")
+            if f == "precision":
+                ch[f] = _norm_precision(v, f"{where}.precision")
+            elif f == "kv_precision":
+                ch[f] = _as_format(v, f"{where}.kv_precision")
+            elif f == "recompute":
+                ch[f] = _as_bool(v, f"{where}.recompute")
+            elif f == "zero_stage":
+                ch[f] = _as_int(v, f"{where}.zero_stage", _ZERO_TEXT)
+            else:
+                ch[f] = _as_int(v, f"{where}.{f}")
+        if tid is None:
+            tid = agent if agent is not None and len(entries) == 1 else pos
+        if not (0 <= tid < n_slots) or not present[tid]:
+            raise _PlanError(f"{where}: tenant {tid} is not in this scenario (tenants: "
+                             f"{', '.join(str(int(i)) for i in np.flatnonzero(present))})")
+        if tid in out:
+            raise _PlanError(f"tenant {tid} is given twice")
+        out[tid] = ch
+    return out
+
+
+def shorten(msg: str) -> str:
+    """One line of at most ``MAX_REASON_CHARS`` characters."""
+    msg = " ".join(str(msg).split())
+    return msg if len(msg) <= MAX_REASON_CHARS else msg[:MAX_REASON_CHARS - 3] + "..."
+
+
+def parse_plan(text: Any, scenario, *, agent: int | None = None,
+               base_plan: Plan | None = None) -> ParsedPlan:
+    """Parse one completion into a plan of ``scenario`` (see the module docstring). Never
+    raises.
+
+    ``agent`` / ``base_plan``: the completion plans tenant ``agent`` only; its entry (the one
+    with that id, or the only entry) replaces that tenant's fields in ``base_plan`` (the other
+    tenants' fixed plans); entries for other tenants are ignored.
+    """
+    try:
+        t = ScenarioTables.of(scenario)
+    except Exception as e:  # not a scenario: a caller's bug, reported rather than raised
+        return ParsedPlan(None, NO_JSON, shorten(f"bad scenario: {e}"))
+    try:
+        obj, stage, reason = extract_json(text)
+        if stage != VALID:
+            return ParsedPlan(None, stage, reason)
+        n_slots = len(t.present)
+        choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent)
+        if agent is not None:
+            if agent not in choices:
+                raise _PlanError(f"no plan for tenant {agent}")
+            arrays = choices_to_arrays(t.kinds, t.blocks, t.valid, n_slots,
+                                       [choices[agent] if i == agent else {"gpus": 0}
+                                        for i in range(agent + 1)])
+            base = jax.tree.map(np.asarray, base_plan if base_plan is not None
+                                else idle_plan(t))
+            arrays = {f: np.where((np.arange(n_slots) == agent).reshape(
+                (-1,) + (1,) * (getattr(base, f).ndim - 1)), a, getattr(base, f))
+                for f, a in arrays.items()}
+        else:
+            ordered = [choices.get(i, {"gpus": 0}) for i in range(n_slots)]
+            arrays = choices_to_arrays(t.kinds, t.blocks, t.valid, n_slots, ordered)
+        plan = Plan(**{k: np.asarray(v, np.int32) for k, v in arrays.items()})
+    except _PlanError as e:
+        return ParsedPlan(None, NOT_A_PLAN, shorten(e))
+    except ValueError as e:  # choices_to_arrays: a field that does not fit the model
+        return ParsedPlan(None, NOT_A_PLAN, shorten(e))
+    except Exception as e:  # noqa: BLE001 - by design the parser never raises
+        return ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
+    try:
+        validate_plan(t.scenario, plan)
+    except ValueError as e:
+        return ParsedPlan(plan, INVALID, shorten(e))
+    except Exception as e:  # noqa: BLE001
+        return ParsedPlan(plan, INVALID, shorten(f"internal validation error: {e!r}"))
+    return ParsedPlan(plan, VALID, "")

@@ -1,0 +1,246 @@
+"""Batched judging of model-written plans: parse every completion (never raising), then
+evaluate the valid ones in one jitted call on their scenarios (team reward, IRD rules,
+difference rewards). This is the engine behind the TRL reward functions
+(:mod:`libratio_jax.integrations.trl`); it imports no TRL.
+
+    >>> from libratio_jax.scenarios import preset_recipe
+    >>> engine = RewardEngine()
+    >>> j = engine.judge(['{"tenants": [{"id": 0, "gpus": 2}, {"id": 1, "gpus": 2}]}', "no"],
+    ...                  scenario=[preset_recipe("small_fleet").to_json()] * 2)
+    >>> j.valid.tolist()
+    [True, False]
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from libratio_jax.physics.plan import Plan
+from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
+from libratio_jax.rewards.compose import RewardParams
+from libratio_jax.rewards.difference import difference_rewards, team_reward_of
+from libratio_jax.rewards.ird import RULE_NAMES
+from libratio_jax.scenarios import ScenarioRecipe
+from libratio_jax.text import codec as T
+
+_DEFAULT = "<the scenario given to make_reward_funcs>"
+NO_SCENARIO = ("libratio reward: no 'scenario' column in the batch and no scenario= given to "
+               "make_reward_funcs (build the dataset with libratio_jax.integrations.trl."
+               "build_dataset)")
+
+
+
+def _bucket(n: int, smallest: int) -> int:
+    """The next power of two >= n (at least ``smallest``): few compiled shapes."""
+    return max(smallest, 1 << max(n - 1, 0).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("with_difference",))
+def _judge(bank, scenario_index, plans, params, with_difference: bool):
+    """``(G[B], rules fired[B, R], D[B, M])`` for plans ``[B]`` on ``bank[scenario_index]``
+    (``bank``: scenarios stacked ``[K, ...]``)."""
+
+    def one(k, plan):
+        sc = jax.tree.map(lambda x: x[k], bank)
+        g, fired, _, _ = team_reward_of(sc, plan, params)
+        d = (difference_rewards(sc, plan, params, team=g) if with_difference
+             else jnp.zeros(sc.present.shape, jnp.float32))
+        return g, fired, d
+
+    return jax.vmap(one)(scenario_index, plans)
+
+
+class ScenarioBank:
+    """Scenarios stacked on the device, one slot per recipe seen (host copy + device copy).
+
+    The capacity starts at ``initial`` slots and doubles when full, so the jitted judge sees
+    few bank shapes (one per capacity); a call only uploads the bank when a new scenario
+    arrived. :meth:`clear` (done by the engine above ``max_slots``) starts over.
+    """
+
+    def __init__(self, initial: int = 256, max_slots: int = 65_536):
+        self.initial, self.max_slots = int(initial), int(max_slots)
+        self.clear()
+
+    def clear(self) -> None:
+        self.host = None
+        self.device = None
+        self.slots: dict[Any, int] = {}
+
+    def slot(self, key: Any, scenario) -> int:
+        """The slot of ``key`` (``scenario``, host arrays, is written on first sight)."""
+        k = self.slots.get(key)
+        if k is not None:
+            return k
+        k = len(self.slots)
+        if self.host is None:
+            self.host = jax.tree.map(
+                lambda x: np.zeros((self.initial,) + np.shape(x), np.asarray(x).dtype), scenario)
+        cap = jax.tree.leaves(self.host)[0].shape[0]
+        if k == cap:
+            self.host = jax.tree.map(lambda b: np.concatenate([b, np.zeros_like(b)]), self.host)
+        for b, x in zip(jax.tree.leaves(self.host), jax.tree.leaves(scenario), strict=True):
+            b[k] = x
+        self.slots[key] = k
+        self.device = None
+        return k
+
+    def arrays(self):
+        if self.device is None:
+            self.device = jax.device_put(self.host)
+        return self.device
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """Everything one reward call computed, per completion (lists of length ``B``)."""
+
+    stage: np.ndarray  # [B] parse stage (text.NO_JSON ... text.VALID)
+    reason: list[str]  # [B] why a completion is not valid ("" if it is)
+    team_reward: np.ndarray  # [B] G with the IRD floor (0 where not valid)
+    rules: np.ndarray  # [B, R] IRD rules fired (False where not valid)
+    difference: np.ndarray  # [B] difference reward of the controlled tenants (0 if not valid)
+    parse_seconds: float
+    evaluate_seconds: float
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.stage == T.VALID
+
+
+class RewardEngine:
+    """Parses completions and judges them in one batched call; caches scenarios by their
+    recipe JSON and the last batch's judgement (TRL calls each reward function on the same
+    batch in turn).
+
+    ``capacity`` must be the one the dataset was built with (``build_dataset``'s default).
+    """
+
+    def __init__(self, *, capacity: Capacity = DEFAULT_CAPACITY,
+                 reward: RewardParams | None = None, scenario=None, credit: bool = False,
+                 cache_size: int = 4096):
+        self.capacity = capacity
+        self.params = reward if reward is not None else RewardParams.make()
+        self.credit = bool(credit)
+        self.default = None if scenario is None else self._entry_of(scenario)
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cache_size = max(int(cache_size), 1)
+        self._last: tuple[Any, Judgement] | None = None
+        self.bank = ScenarioBank()
+
+    @staticmethod
+    def _entry_of(scenario):
+        host = jax.tree.map(np.asarray, scenario)
+        return host, T.ScenarioTables.of(host)
+
+    def _scenario(self, recipe_json: Any):
+        """``(host scenario, tables)`` of a recipe, or ``(None, reason)``."""
+        key = recipe_json if isinstance(recipe_json, str) else repr(recipe_json)
+        hit = self._cache.get(key)
+        if hit is None:
+            try:
+                if not isinstance(recipe_json, str):
+                    raise ValueError("the scenario column must hold recipe JSON text")
+                hit = self._entry_of(ScenarioRecipe.from_json(recipe_json).build(
+                    self.capacity))
+            except Exception as e:  # noqa: BLE001 - a bad row scores the penalty, with a reason
+                hit = (None, T.shorten(f"cannot build the row's scenario: {e}"))
+            self._cache[key] = hit
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return hit
+
+    def preload(self, recipes) -> int:
+        """Build and cache the scenarios of a ``scenario`` column (e.g. a whole dataset's)
+        before training, so reward calls only parse and evaluate. Returns how many built."""
+        new = [r for r in dict.fromkeys(recipes) if r not in self._cache]
+        for r in new:
+            host, _ = self._scenario(r)
+            if host is not None:
+                self.bank.slot(r, host)
+        return len(new)
+
+    def _context(self, scenario_key: Any, tables, context: Any) -> Plan | None:
+        """The other tenants' fixed plan of an agent row (``None``: nobody else placed)."""
+        if not isinstance(context, str) or not context:
+            return None
+        key = ("context", repr(scenario_key), context)
+        if key not in self._cache:
+            self._cache[key] = T.parse_plan(context, tables).plan
+        return self._cache[key]
+
+    def judge(self, completions: Sequence[Any], scenario: Sequence[Any] | None = None,
+              agent: Sequence[Any] | None = None,
+              context_plan: Sequence[Any] | None = None) -> Judgement:
+        """Judge a batch (the columns are per completion; ``None``: not in the dataset)."""
+        n = len(completions)
+        if scenario is None and self.default is None:
+            raise ValueError(NO_SCENARIO)
+        key = (tuple(map(repr, completions)), None if scenario is None else tuple(scenario),
+               None if agent is None else tuple(agent),
+               None if context_plan is None else tuple(context_plan))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        out = self._judge(completions, scenario, agent, context_plan, n)
+        self._last = (key, out)
+        return out
+
+    def _judge(self, completions, scenario, agent, context_plan, n) -> Judgement:
+        t0 = time.perf_counter()
+        if len(self.bank.slots) > self.bank.max_slots:
+            self.bank.clear()
+        stage = np.zeros(n, np.int32)
+        reasons = [""] * n
+        agents = np.full(n, -1, np.int64)
+        scenario_slot = np.zeros(n, np.int32)
+        plans: list[Plan | None] = [None] * n
+        for b in range(n):
+            key = _DEFAULT if scenario is None else scenario[b]
+            host, tables = self.default if scenario is None else self._scenario(key)
+            if host is None:
+                stage[b], reasons[b] = T.NO_JSON, tables
+                continue
+            a = agent[b] if agent is not None else -1
+            a = int(a) if isinstance(a, (int, np.integer)) and 0 <= a < len(
+                tables.present) else -1
+            agents[b] = a
+            base = self._context(key, tables, context_plan[b]) if (
+                a >= 0 and context_plan is not None) else None
+            parsed = T.parse_plan(T.completion_text(completions[b]), tables,
+                                  agent=a if a >= 0 else None, base_plan=base)
+            stage[b], reasons[b] = parsed.stage, parsed.reason
+            if parsed.valid:
+                scenario_slot[b] = self.bank.slot(key if isinstance(key, str) else repr(key),
+                                                  host)
+                plans[b] = parsed.plan
+        parse_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        valid = stage == T.VALID
+        g = np.zeros(n, np.float32)
+        rules = np.zeros((n, len(RULE_NAMES)), bool)
+        diff = np.zeros(n, np.float32)
+        if valid.any():
+            idx = np.flatnonzero(valid)
+            pad = _bucket(len(idx), 8) - len(idx)
+            chosen = [plans[i] for i in idx] + [plans[idx[0]]] * pad
+            stacked = jax.tree.map(lambda *x: np.stack(x), *chosen)
+            slots = np.concatenate([scenario_slot[idx], np.full(pad, scenario_slot[idx[0]])])
+            gg, ff, dd = jax.device_get(_judge(self.bank.arrays(), slots.astype(np.int32),
+                                               stacked, self.params, self.credit))
+            k = len(idx)
+            g[idx], rules[idx] = gg[:k], ff[:k]
+            a = agents[idx]
+            d_agent = np.take_along_axis(dd[:k], np.maximum(a, 0)[:, None], axis=1)[:, 0]
+            diff[idx] = np.where(a >= 0, d_agent, gg[:k])
+        return Judgement(stage, reasons, g, rules, diff, parse_s, time.perf_counter() - t0)
