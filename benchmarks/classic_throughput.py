@@ -7,7 +7,7 @@ JAX: one jitted ``vmap`` over episodes of a ``scan`` over steps (actions generat
 compile time reported separately). Python: the same rules one step at a time
 (``libratio_jax.env.classic.rules``), on the first ``--python-episodes`` of the same episodes
 converted to the original JSON actions. One JSON line per task with steps/s, the ratio, and the
-ratio to the original service's measured rate on this 2-core machine (DESIGN.md §8:
+ratio to the original service's measured rate on this 2-core machine (docs/measurements.md:
 ~31 k fleet_precision, ~25 k fleet_resource steps/s).
 """
 

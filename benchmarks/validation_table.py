@@ -2,7 +2,7 @@
 
     python benchmarks/validation_table.py > /tmp/validation.md
 
-Sources: ../shared/vectors/measured_h100_pytorch.jsonl (Llama-shaped models) and
+Sources: tests/data/measured_h100_pytorch.jsonl (Llama-shaped models) and
 tests/data/measured_h100_extra.jsonl (Qwen2/Qwen3-shaped models and GEMM shapes measured with
 benchmarks/measure_h100.py).
 """
@@ -20,7 +20,7 @@ from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics.throughput import gemm_seconds
 
 HERE = os.path.dirname(__file__)
-SHARED = os.path.join(HERE, "..", "..", "shared", "vectors", "measured_h100_pytorch.jsonl")
+GIVEN = os.path.join(HERE, "..", "tests", "data", "measured_h100_pytorch.jsonl")
 EXTRA = os.path.join(HERE, "..", "tests", "data", "measured_h100_extra.jsonl")
 
 
@@ -40,7 +40,7 @@ def _load(path):
 
 
 def main():
-    recs = [(r, "shared") for r in _load(SHARED)] + [(r, "extra") for r in _load(EXTRA)]
+    recs = [(r, "given") for r in _load(GIVEN)] + [(r, "extra") for r in _load(EXTRA)]
     print("| source | model | mode | ckpt | batch x seq | peak GB meas | pred | err | "
           "tokens/s meas | pred | err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

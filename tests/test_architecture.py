@@ -110,3 +110,17 @@ def test_unsupported_model_type():
         lj.ModelSpec.from_hf_config({"model_type": "gpt2", "hidden_size": 8})
     with pytest.raises(ValueError, match="catalog"):
         lj.ModelSpec.from_hf_config("no-such-model")
+
+
+def test_model_directory_through_autoconfig(tmp_path):
+    """A saved model's directory (as ``save_pretrained`` writes it) is read by
+    ``transformers.AutoConfig`` offline; a folder without a config names itself."""
+    from transformers import AutoConfig
+
+    d = dict(A.load_config_dict("Qwen3-0.6B"))
+    AutoConfig.for_model(d.pop("model_type"), **d).save_pretrained(tmp_path / "model")
+    spec = lj.ModelSpec.from_hf_config(tmp_path / "model")
+    assert spec.total_params == lj.ModelSpec.from_hf_config("Qwen3-0.6B").total_params
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        lj.ModelSpec.from_hf_config(tmp_path / "empty")

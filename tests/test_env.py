@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.env import fleet, policies, scenarios, spaces
+from libratio_jax import scenarios
+from libratio_jax.agents import policies
+from libratio_jax.env import fleet, spaces
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.kernel import evaluate_one

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -136,6 +137,9 @@ class RewardEngine:
         self._cache_size = max(int(cache_size), 1)
         self._last: tuple[Any, Judgement] | None = None
         self.bank = ScenarioBank()
+        # Reward functions may call one engine from several threads at once (the async
+        # variants run in worker threads): the caches and the bank are guarded.
+        self._lock = threading.Lock()
 
     @staticmethod
     def _entry_of(scenario):
@@ -164,12 +168,13 @@ class RewardEngine:
     def preload(self, recipes) -> int:
         """Build and cache the scenarios of a ``scenario`` column (e.g. a whole dataset's)
         before training, so reward calls only parse and evaluate. Returns how many built."""
-        new = [r for r in dict.fromkeys(recipes) if r not in self._cache]
-        for r in new:
-            host, _ = self._scenario(r)
-            if host is not None:
-                self.bank.slot(r, host)
-        return len(new)
+        with self._lock:
+            new = [r for r in dict.fromkeys(recipes) if r not in self._cache]
+            for r in new:
+                host, _ = self._scenario(r)
+                if host is not None:
+                    self.bank.slot(r, host)
+            return len(new)
 
     def _context(self, scenario_key: Any, tables, context: Any) -> Plan | None:
         """The other tenants' fixed plan of an agent row (``None``: nobody else placed)."""
@@ -190,11 +195,12 @@ class RewardEngine:
         key = (tuple(map(repr, completions)), None if scenario is None else tuple(scenario),
                None if agent is None else tuple(agent),
                None if context_plan is None else tuple(context_plan))
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        out = self._judge(completions, scenario, agent, context_plan, n)
-        self._last = (key, out)
-        return out
+        with self._lock:
+            if self._last is not None and self._last[0] == key:
+                return self._last[1]
+            out = self._judge(completions, scenario, agent, context_plan, n)
+            self._last = (key, out)
+            return out
 
     def _judge(self, completions, scenario, agent, context_plan, n) -> Judgement:
         t0 = time.perf_counter()

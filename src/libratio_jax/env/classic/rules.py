@@ -71,7 +71,7 @@ def full_strategy(strategy: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def model_cost(model: Mapping[str, Any], strategy: Mapping[str, str]) -> dict:
-    """Memory, speed-up, cost and stability of one model under a strategy (CLASSIC.md, Cost)."""
+    """Memory, speed-up, cost and stability of one model under a strategy."""
     p = model["total_params"]
     dist = model["layer_distribution"]
     s = full_strategy(strategy)
@@ -101,7 +101,7 @@ def hardware_safe(model, strategy, cluster, n_models: int) -> bool:
 
 
 def precision_base(model, strategy, cluster, n_models: int) -> tuple[float, float, bool]:
-    """``(base, memory_gb, stable)`` of a non-IRD fleet_precision step (CLASSIC.md step 2)."""
+    """``(base, memory_gb, stable)`` of a non-IRD fleet_precision step (the original's step 2)."""
     s = full_strategy(strategy)
     dist = model["layer_distribution"]
     avg = sum(layer_score(t, s[t]) for t in dist) / len(dist)
