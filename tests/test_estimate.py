@@ -10,6 +10,7 @@ from test_physics import _llama_cfg, _measured, _one_row_model
 
 import libratio_jax as lj
 from libratio_jax.cli import main
+from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics.throughput import gemm_seconds
@@ -125,13 +126,60 @@ def test_cli_json_and_table(capsys):
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     est = lj.estimate_memory("Llama-3.1-8B", batch=2, seq_len=1024)
-    assert out["peak"] == pytest.approx(est.peak)
+    # inputs and outputs under separate keys: the settings survive in the output
+    assert out["inputs"]["weights"] == "bf16" and out["inputs"]["optimizer"] == "adamw"
+    assert out["inputs"]["batch"] == 2
+    assert out["memory_bytes_per_gpu"]["peak"] == pytest.approx(est.peak)
+    assert out["memory_bytes_per_gpu"]["weights"] == pytest.approx(est.weights)
     assert main(["estimate-throughput", "Qwen2.5-7B", "--gpu", "H200", "--mode", "serve",
                  "--batch", "32", "--kv-precision", "fp8"]) == 0
     text = capsys.readouterr().out
     assert "tokens/s" in text and "H200" in text
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["estimate-memory", "no-such-model"])
+    assert e.value.code == 2
+
+
+def test_cli_fits_a_gpu_and_names_the_number_to_trust(capsys):
+    est = lj.estimate_memory("Llama-3.1-8B", batch=1, seq_len=4096)
+    hbm = gpu_spec("H200").hbm_bytes
+    assert main(["estimate-memory", "Llama-3.1-8B", "--gpu", "H200", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    assert fit["fits"] == (est.total <= hbm)
+    assert fit["headroom_bytes"] == pytest.approx(hbm - est.total)
+    assert main(["estimate-memory", "Llama-3.1-8B", "--gpu", "A100-40GB"]) == 0
+    text = capsys.readouterr().out
+    assert "does NOT fit" in text and "short" in text and "total is the number to trust" in text
+
+
+def test_cli_ambiguous_gpu_lists_the_choices(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["estimate-memory", "Qwen3-0.6B", "--gpu", "A100"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and "A100-80GB" in err and "A100-40GB" in err
+
+
+def test_cli_listings_version_and_help(capsys):
+    for what, expected in (("models", "Llama-3.1-8B"), ("gpus", "H100-SXM"),
+                           ("formats", "nvfp4")):
+        assert main([what]) == 0
+        assert expected in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and lj.__version__ in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["estimate-memory", "--help"])
+    help_text = capsys.readouterr().out
+    for option in ("--batch", "--seq-len", "--gpu", "--optimizer", "--recompute"):
+        assert option in help_text
+    assert "(default: 4096)" in help_text  # defaults are shown
+
+
+def test_python_and_cli_defaults_agree():
+    a = lj.estimate_throughput("Llama-3.2-1B")  # batch and seq_len default as in the CLI
+    b = lj.estimate_throughput("Llama-3.2-1B", gpu="H100-SXM", batch=1, seq_len=4096)
+    assert a == b
 
 
 def _t5_3b_like():

@@ -1,10 +1,12 @@
 """The ``libratio`` command line (also ``python -m libratio_jax``).
 
-    libratio demo [--batch N] [--seed S]    evaluate a batch of plans on the reference scenario
-    libratio estimate-memory MODEL [options]       bytes per GPU, with the breakdown
-    libratio estimate-throughput MODEL [options]   step time and tokens/s on a GPU kind
+    libratio demo [--batch N] [--seed S]           evaluate plans on the reference scenario
+    libratio estimate-memory MODEL [--gpu G] ...   bytes per GPU with the breakdown; fits G?
+    libratio estimate-throughput MODEL [--gpu G]   step time and tokens/s on a GPU kind
+    libratio models | gpus | formats               the names accepted everywhere
 
-MODEL is a catalog name (``libratio_jax.catalog.models()``) or a path to a config.json.
+MODEL is a catalog name (``libratio models``), a config.json or a model directory.
+``libratio COMMAND --help`` lists every option with its default.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ def demo(batch: int = 4096, seed: int = 0, as_json: bool = False) -> dict:
         {"gpus": 2, "zero_stage": 3, "recompute": True, "precision": "bf16"},
         {"gpus": 1, "precision": {"default": "bf16", "mlp": "int4"}},
     ])
+    say = (lambda *a, **k: None) if as_json else print  # noqa: E731
+    say("compiling the physics for the reference scenario ...", flush=True)
     m = lj.evaluate(sc, readable)
     plans = sample_plans(sc, batch, seed=seed, per_layer=False)
+    say(f"evaluating {batch:,} random plans ...", flush=True)
     t0 = time.perf_counter()
     jax.block_until_ready(lj.evaluate(sc, plans))
     compile_s = time.perf_counter() - t0
@@ -82,45 +87,100 @@ def demo(batch: int = 4096, seed: int = 0, as_json: bool = False) -> dict:
         print(f"{label:22s}" + "".join(f"{_fmt(v, scale):>22s}" for v in vals))
     print(f"cluster: {int(np.asarray(m.gpus_used).sum())} GPUs used, "
           f"{float(m.cluster_power_watts):,.0f} W, over-committed: {bool(m.overcommitted)}")
-    print(f"\n{batch} random valid plans: {summary['plans_per_second']:,.0f} plans/s on "
-          f"{summary['device_kind']} (compile {compile_s:.2f} s); "
-          f"{100 * summary['feasible_fraction']:.1f}% fit, stay stable and do not "
-          f"over-commit the cluster")
+    print(f"\n{batch:,} random plans, each valid for every tenant on its own: "
+          f"{summary['plans_per_second']:,.0f} plans/s on {summary['device_kind']} "
+          f"(compile {compile_s:.2f} s).")
+    print(f"{100 * summary['feasible_fraction']:.1f}% of them are feasible as a whole (every "
+          "tenant fits, none diverges, the cluster is not over-committed): random joint "
+          "plans rarely are, which is what the environments' IRD floor and a trained "
+          "planner are for.")
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def _listing(what: str) -> None:
+    """``libratio models|gpus|formats``: the names the API and the CLI accept."""
+    from libratio_jax.physics import architecture, formats, hardware
+
+    if what == "models":
+        for name in architecture.catalog_models():
+            spec = architecture.ModelSpec.from_hf_config(name, block_groups=1)
+            print(f"{name:18s} {spec.total_params / 1e9:8.2f} B parameters")
+    elif what == "gpus":
+        for name in hardware.GPU_NAMES:
+            g = hardware.GPU_CATALOG[name]
+            print(f"{name:10s} {g.hbm_bytes / 2**30:6.1f} GiB HBM  "
+                  f"{g.peak_flops[formats.CC_BF16] / 1e12:7.1f} dense BF16 TFLOP/s  "
+                  f"{g.tdp_watts:5.0f} W")
+    else:
+        for fid, name in enumerate(formats.FORMAT_NAMES):
+            print(f"{name:10s} {formats.STORAGE_BITS[fid]:6.3f} bits per element")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from libratio_jax import __version__
+    from libratio_jax.physics import estimate as E
+    from libratio_jax.physics.optimizer import OPTIMIZERS
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="libratio", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"libratio_jax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="evaluate plans on the reference scenario")
-    d.add_argument("--batch", type=int, default=4096)
-    d.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("demo", help="evaluate plans on the reference scenario",
+                       formatter_class=fmt)
+    d.add_argument("--batch", type=int, default=4096, help="random plans to evaluate")
+    d.add_argument("--seed", type=int, default=0, help="seed of the random plans")
     d.add_argument("--json", action="store_true", help="print one JSON line")
+    for what in ("models", "gpus", "formats"):
+        sub.add_parser(what, help=f"list the {what} names accepted everywhere")
     for name in ("estimate-memory", "estimate-throughput"):
-        e = sub.add_parser(name, help=f"{name.replace('-', ' ')} of one model")
-        e.add_argument("model")
-        e.add_argument("--mode", choices=["train", "serve"], default="train")
-        e.add_argument("--batch", type=int, default=1)
-        e.add_argument("--seq-len", type=int, default=4096)
-        e.add_argument("--weights", default="bf16")
-        e.add_argument("--optimizer", default="adamw",
-                       choices=["adamw", "adamw_mixed", "sgd_momentum", "sgd"])
-        e.add_argument("--optimizer-state", default=None)
-        e.add_argument("--autocast", default=None)
-        e.add_argument("--recompute", action="store_true")
-        e.add_argument("--gpus", type=int, default=1)
-        e.add_argument("--tp", type=int, default=1)
-        e.add_argument("--pp", type=int, default=1)
-        e.add_argument("--zero-stage", type=int, default=0)
-        e.add_argument("--kv-precision", default=None)
-        e.add_argument("--micro-batch", type=int, default=None)
-        e.add_argument("--json", action="store_true", help="print one JSON object")
-        if name == "estimate-throughput":
-            e.add_argument("--gpu", default="H100-SXM")
+        e = sub.add_parser(name, help=f"{name.replace('-', ' ')} of one model",
+                           formatter_class=fmt)
+        e.add_argument("model", help="a catalog name (libratio models), a config.json or a "
+                                     "model directory")
+        e.add_argument("--mode", choices=["train", "serve"], default="train",
+                       help="training step or serving (decode)")
+        e.add_argument("--batch", type=int, default=E.DEFAULT_BATCH,
+                       help="global batch: sequences per step, or concurrent sequences")
+        e.add_argument("--seq-len", type=int, default=E.DEFAULT_SEQ_LEN,
+                       help="tokens per sequence (serving: context length)")
+        e.add_argument("--weights", default="bf16", help="format of the weights "
+                                                         "(libratio formats)")
+        e.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                       help="adamw: torch AdamW (moments in the weights' dtype); adamw_mixed: "
+                            "FP32 master weights and moments")
+        e.add_argument("--optimizer-state", default=None,
+                       help="format of the optimizer moments (default: see --optimizer)")
+        e.add_argument("--autocast", default=None,
+                       help="format GEMMs compute in (AMP: --weights fp32 --autocast bf16)")
+        e.add_argument("--recompute", action="store_true",
+                       help="activation recomputation (gradient checkpointing)")
+        e.add_argument("--gpus", type=int, default=1, help="GPUs of the job")
+        e.add_argument("--tp", type=int, default=1, help="tensor parallelism")
+        e.add_argument("--pp", type=int, default=1, help="pipeline parallelism")
+        e.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                       help="ZeRO stage")
+        e.add_argument("--kv-precision", default=None,
+                       help="KV-cache format (default: the compute format)")
+        e.add_argument("--micro-batch", type=int, default=None,
+                       help="sequences per micro-batch (default: batch / data parallelism)")
+        e.add_argument("--json", action="store_true",
+                       help="print one JSON object: inputs and outputs under separate keys")
+        e.add_argument("--gpu", default=E.DEFAULT_GPU if name == "estimate-throughput" else None,
+                       help="GPU kind (libratio gpus)" + (
+                           "" if name == "estimate-throughput"
+                           else "; says whether the job fits its memory"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command in ("estimate-memory", "estimate-throughput"):
         return _estimate(args, parser)
+    if args.command in ("models", "gpus", "formats"):
+        _listing(args.command)
+        return 0
     if args.command == "demo":
         if args.batch < 1:
             parser.error("--batch must be >= 1")
@@ -130,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _estimate(args, parser) -> int:
     from libratio_jax.physics.estimate import estimate_memory, estimate_throughput
+    from libratio_jax.physics.hardware import gpu_spec
 
     kw = dict(mode=args.mode, batch=args.batch, seq_len=args.seq_len, weights=args.weights,
               optimizer=args.optimizer, optimizer_state=args.optimizer_state,
@@ -137,20 +198,36 @@ def _estimate(args, parser) -> int:
               pp=args.pp, zero_stage=args.zero_stage, kv_precision=args.kv_precision,
               micro_batch=args.micro_batch)
     try:
+        gpu = None if args.gpu is None else gpu_spec(args.gpu)
         if args.command == "estimate-memory":
             est = estimate_memory(args.model, **kw)
         else:
             est = estimate_throughput(args.model, gpu=args.gpu, **kw)
     except ValueError as e:
         parser.error(str(e))
+    inputs = {"model": args.model, **kw, **({"gpu": gpu.name} if gpu else {})}
+    fit = None
+    if gpu is not None and args.command == "estimate-memory":
+        fit = {"hbm_bytes": gpu.hbm_bytes, "fits": est.total <= gpu.hbm_bytes,
+               "headroom_bytes": gpu.hbm_bytes - est.total}
     if args.json:
-        print(json.dumps({"model": args.model, **kw, **est.as_dict()}))
-    else:
-        print(f"{args.model}: {args.mode}, batch {args.batch} x {args.seq_len} tokens, "
-              f"{args.gpus} GPU(s), tp {args.tp}, pp {args.pp}, ZeRO-{args.zero_stage}"
-              + (f", on {args.gpu}" if args.command == "estimate-throughput" else "")
-              + " (per GPU)")
-        print(est.table())
+        key = "memory_bytes_per_gpu" if args.command == "estimate-memory" else "throughput"
+        print(json.dumps({"inputs": inputs, key: est.as_dict(),
+                          **({"fit": fit} if fit else {})}))
+        return 0
+    print(f"{args.model}: {args.mode}, batch {args.batch} x {args.seq_len} tokens, "
+          f"{args.gpus} GPU(s), tp {args.tp}, pp {args.pp}, ZeRO-{args.zero_stage}"
+          + (f", on {gpu.name}" if gpu else "") + " (per GPU)")
+    print(est.table())
+    if args.command == "estimate-memory":
+        print("total is the number to trust: what must fit in one GPU's memory (peak plus "
+              "the CUDA context and allocator fragmentation); peak compares with "
+              "torch.cuda.max_memory_allocated().")
+    if fit:
+        gib = abs(fit["headroom_bytes"]) / 2**30
+        print(f"{'fits' if fit['fits'] else 'does NOT fit'} in {gpu.name}'s "
+              f"{gpu.hbm_bytes / 2**30:.1f} GiB: {gib:.2f} GiB "
+              f"{'to spare' if fit['fits'] else 'short'}")
     return 0
 
 

@@ -36,6 +36,10 @@ from libratio_jax.physics.scenario import Workload
 from libratio_jax.physics.throughput import tenant_step_time
 
 OFFLOAD = ("none", "optimizer", "optimizer+params")
+# The defaults of estimate_memory / estimate_throughput, shared with the CLI.
+DEFAULT_BATCH = 1
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_GPU = "H100-SXM"
 _FIELDS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache",
            "overhead", "peak", "total")
 
@@ -114,7 +118,8 @@ def _setup(model, mode, batch, seq_len, weights, optimizer, optimizer_state, aut
     return spec, work, prec, w_fmt, c_fmt, kv, dp, mb, opt_bytes, cache
 
 
-def estimate_memory(model: Any, *, mode: str = "train", batch: int, seq_len: int,
+def estimate_memory(model: Any, *, mode: str = "train", batch: int = DEFAULT_BATCH,
+                    seq_len: int = DEFAULT_SEQ_LEN,
                     weights: str = "bf16", optimizer: str = "adamw",
                     optimizer_state: str | None = None, autocast: str | None = None,
                     recompute: bool = False, gpus: int = 1, tp: int = 1, pp: int = 1,
@@ -142,8 +147,9 @@ def estimate_memory(model: Any, *, mode: str = "train", batch: int, seq_len: int
     return MemoryEstimate(**{k: float(getattr(mem, k)) for k in _FIELDS})
 
 
-def estimate_throughput(model: Any, *, gpu: str = "H100-SXM", mode: str = "train", batch: int,
-                        seq_len: int, weights: str = "bf16", optimizer: str = "adamw",
+def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "train",
+                        batch: int = DEFAULT_BATCH, seq_len: int = DEFAULT_SEQ_LEN,
+                        weights: str = "bf16", optimizer: str = "adamw",
                         optimizer_state: str | None = None, autocast: str | None = None,
                         recompute: bool = False, gpus: int = 1, tp: int = 1, pp: int = 1,
                         zero_stage: int = 0, kv_precision: str | None = None,

@@ -235,11 +235,13 @@ GPU_CATALOG: dict[str, GpuSpec] = {
 GPU_NAMES: tuple[str, ...] = tuple(GPU_CATALOG)
 
 _GPU_ALIASES = {"h100": "H100-SXM", "h100-sxm5": "H100-SXM", "h100_sxm": "H100-SXM",
-                "a100": "A100-80GB", "h200-sxm": "H200"}
+                "h200-sxm": "H200"}
 
 
 def gpu_spec(name: str) -> GpuSpec:
-    """Look a GPU kind up by name (case-insensitive). Raises ValueError listing valid names."""
+    """Look a GPU kind up by name (case-insensitive; a unique prefix or an alias such as
+    "h100" works). Raises ValueError listing the valid names, or the candidates of an
+    ambiguous name ("A100": A100-80GB or A100-40GB)."""
     if not isinstance(name, str):
         raise ValueError(f"GPU kind must be a name, got {type(name).__name__}")
     key = name.strip().lower().replace("_", "-")
@@ -249,6 +251,11 @@ def gpu_spec(name: str) -> GpuSpec:
     alias = _GPU_ALIASES.get(key) or _GPU_ALIASES.get(key.replace("-", "_"))
     if alias:
         return GPU_CATALOG[alias]
+    prefixed = [c for c in GPU_NAMES if key and c.lower().startswith(key)]
+    if len(prefixed) == 1:
+        return GPU_CATALOG[prefixed[0]]
+    if prefixed:
+        raise ValueError(f"ambiguous GPU kind {name!r}: one of {', '.join(prefixed)}")
     raise ValueError(f"unknown GPU kind {name!r}; valid kinds: {', '.join(GPU_NAMES)}")
 
 
