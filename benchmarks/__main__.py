@@ -10,8 +10,9 @@ fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
 run) as ``benchmarks/results/plans_per_second.png``, plans/s vs batch per device and model
 resolution, with the memory-bandwidth limit of each GPU (HBM bytes/s / bytes of one plan) as a
-dashed line. Each benchmark prints its JSON lines and writes ``benchmarks/results/*.json``;
-compile time is reported separately from run time throughout.
+dashed line. Each benchmark prints its JSON lines and writes ``runs/benchmarks/*.json`` (not
+tracked), or with ``--save-results`` the committed ``benchmarks/results/*.json`` that the
+README reports; compile time is reported separately from run time throughout.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from common import RESULTS, results_folder  # noqa: E402
 
 STEPS = ("evaluate", "env", "reward", "sharded", "plot")
 
@@ -47,7 +50,7 @@ def hbm_limit(device_kind: str, tenants: int, layers: int) -> float | None:
     return None
 
 
-def plot(out: str | None = None) -> str:
+def plot(folder: str, out: str | None = None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,7 +58,12 @@ def plot(out: str | None = None) -> str:
 
     series: dict[tuple[str, int], list[tuple[int, float]]] = {}
     shape: dict[tuple[str, int], int] = {}
-    for path in sorted(glob.glob(os.path.join(HERE, "results", "evaluate_throughput_*.json"))):
+    # this run's records, and the committed ones of other platforms (e.g. a GPU run)
+    mine = sorted(glob.glob(os.path.join(folder, "evaluate_throughput_*.json")))
+    platforms = {os.path.basename(p) for p in mine}
+    committed = [p for p in sorted(glob.glob(os.path.join(RESULTS, "evaluate_throughput_*.json")))
+                 if os.path.basename(p) not in platforms]
+    for path in mine + committed:
         for r in json.load(open(path)):
             key = (r["device_kind"], r["layers"])
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
@@ -77,7 +85,7 @@ def plot(out: str | None = None) -> str:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out or os.path.join(HERE, "results", "plans_per_second.png")
+    path = out or os.path.join(folder, "plans_per_second.png")
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -88,21 +96,24 @@ def main(argv=None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
     ap.add_argument("--quick", action="store_true", help="smaller batches")
+    ap.add_argument("--save-results", action="store_true",
+                    help="write the committed benchmarks/results/ (default: runs/benchmarks/)")
     args = ap.parse_args(argv)
     quick = args.quick
+    save = ["--save-results"] if args.save_results else []
     if "evaluate" in args.only:
         import evaluate_throughput
 
         evaluate_throughput.main(["--batches", *(["1024", "8192"] if quick else
-                                                 ["1024", "8192", "65536"])])
+                                                 ["1024", "8192", "65536"]), *save])
     if "env" in args.only:
         import env_throughput
 
-        env_throughput.main(["--envs", *(["1024"] if quick else ["1024", "8192"])])
+        env_throughput.main(["--envs", *(["1024"] if quick else ["1024", "8192"]), *save])
     if "reward" in args.only:
         import reward_latency
 
-        reward_latency.main(["--batches", "64", "1024"])
+        reward_latency.main(["--batches", "64", "1024", *save])
     if "sharded" in args.only:
         import jax
 
@@ -111,10 +122,10 @@ def main(argv=None) -> None:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_"
                                 f"count={os.cpu_count() or 1}").strip()
         subprocess.run([sys.executable, os.path.join(HERE, "sharded_throughput.py"),
-                        "--batches", *(["65536"] if quick else ["65536", "262144"])],
+                        "--batches", *(["65536"] if quick else ["65536", "262144"]), *save],
                        env=env, check=True)
     if "plot" in args.only:
-        print(json.dumps({"plot": plot()}))
+        print(json.dumps({"plot": plot(results_folder(args.save_results))}))
 
 
 if __name__ == "__main__":

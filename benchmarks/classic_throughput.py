@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import save_records, time_jitted  # noqa: E402
+from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.env import classic as C  # noqa: E402
@@ -93,7 +93,8 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
     keys = jax.random.split(key, episodes)
     actions = random_actions(task, jax.random.PRNGKey(1), episodes, steps)
     rollout = make_rollout(env, params)
-    compile_s, run_s, (rewards, live) = time_jitted(rollout, keys, actions, repeats=repeats)
+    compile_s, run_s, (rewards, live) = time_jitted(rollout, keys, actions, repeats=repeats,
+                                                    label=f"{task}, {len(keys):,} episodes")
     n_steps = int(np.asarray(live).sum())
     jax_rate = n_steps / run_s
 
@@ -143,14 +144,14 @@ def main(argv=None) -> None:
     ap.add_argument("--episodes", type=int, default=262_144)
     ap.add_argument("--python-episodes", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
     records = []
     for task in ("fleet_precision", "fleet_resource"):
         rec = bench(task, args.episodes, min(args.python_episodes, args.episodes), args.repeats)
         print(json.dumps(rec), flush=True)
         records.append(rec)
-    save_records("classic_throughput", records, args.out)
+    save_records("classic_throughput", records, args.out, args.save_results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import save_records, time_jitted  # noqa: E402
+from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.env.wrappers import AutoResetWrapper  # noqa: E402
@@ -51,7 +51,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=["team", "difference"])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
     records = []
     for mode in args.modes:
@@ -59,7 +59,8 @@ def main(argv=None):
         env = AutoResetWrapper(base)
         for n in args.envs:
             run = make_run(env, base, params, n, args.steps)
-            compile_s, run_s, _ = time_jitted(run, jax.random.PRNGKey(0), repeats=args.repeats)
+            compile_s, run_s, _ = time_jitted(run, jax.random.PRNGKey(0), repeats=args.repeats,
+                                              label=f"{args.env} {mode}, {n:,} envs")
             rec = {"benchmark": "env_throughput", "env": args.env, "reward_mode": mode,
                    "device_kind": jax.devices()[0].device_kind, "envs": n, "steps": args.steps,
                    "agents": base.num_agents,
@@ -69,7 +70,7 @@ def main(argv=None):
                    "run_seconds": round(run_s, 4)}
             print(json.dumps(rec), flush=True)
             records.append(rec)
-    save_records("env_throughput", records, args.out)
+    save_records("env_throughput", records, args.out, args.save_results)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,14 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-import reference as R  # noqa: E402
-from common import save_records, time_jitted  # noqa: E402
+from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics.kernel import evaluate_batch  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
+from libratio_jax.testing import reference as R  # noqa: E402
 
 
 def _tile(plans, batch):
@@ -52,7 +51,8 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     fn = jax.jit(evaluate_batch)  # what lj.evaluate runs after validation
     for batch in batches:
         plans = _tile(base, batch)
-        compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats)
+        compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats,
+                                          label=f"evaluate, {sc.num_layers} rows, batch {batch:,}")
         rate = batch / run_s
         rec = {
             "benchmark": "evaluate_throughput",
@@ -80,12 +80,12 @@ def main(argv=None) -> None:
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reference-plans", type=int, default=50)
-    ap.add_argument("--out", default=None, help="write all records to this JSON file")
+    add_output_args(ap)
     args = ap.parse_args(argv)
     records: list = []
     for g in args.block_groups:
         run(args.batches, g or None, args.repeats, args.reference_plans, records)
-    save_records("evaluate_throughput", records, args.out)
+    save_records("evaluate_throughput", records, args.out, args.save_results)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import save_records  # noqa: E402
+from common import add_output_args, save_records  # noqa: E402
 
 from libratio_jax.agents.policies import random_valid_plan  # noqa: E402
 from libratio_jax.integrations import trl as hf  # noqa: E402
@@ -58,7 +58,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 1024])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--scenarios", type=int, default=256, help="distinct prompts")
-    ap.add_argument("--out", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
     rows = hf.build_dataset(args.scenarios, seed=0, difficulty="medium")
     built = [ScenarioRecipe.from_json(r["scenario"]).build() for r in rows]
@@ -95,7 +95,7 @@ def main(argv=None) -> list[dict]:
             }
             print(json.dumps(rec), flush=True)
             records.append(rec)
-    save_records("reward_latency", records, args.out)
+    save_records("reward_latency", records, args.out, args.save_results)
     return records
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import save_records, time_jitted  # noqa: E402
+from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import sharding  # noqa: E402
@@ -34,12 +34,12 @@ def main(argv=None) -> list[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[65536, 262144])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
     sc = lj.reference_scenario(block_groups=1)
     base = sample_plans(sc, 4096, seed=0)
     mesh = sharding.batch_mesh()
-    sharded = sharding._sharded_fn(mesh)
+    sharded = sharding.sharded_evaluate_batch(mesh)
     single = jax.jit(evaluate_batch)
     records = []
     for batch in args.batches:
@@ -58,7 +58,7 @@ def main(argv=None) -> list[dict]:
                "compile_seconds": round(compile_s, 3), "run_seconds": round(run_s, 6)}
         print(json.dumps(rec), flush=True)
         records.append(rec)
-    save_records("sharded_throughput", records, args.out)
+    save_records("sharded_throughput", records, args.out, args.save_results)
     return records
 
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import cem_reference, recipes, result_path, save_json  # noqa: E402
+from common import add_output_args, cem_reference, output_dir, recipes, result_path, save_json  # noqa: E402
 
 from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.policies import greedy_plan  # noqa: E402
@@ -88,8 +88,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--random-plans", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    out_dir = output_dir(args)
     t_start = time.perf_counter()
     params = RewardParams.make()
     random_fn = _random_fn(args.random_plans)
@@ -99,7 +100,7 @@ def main(argv=None) -> dict:
         rs = recipes(name, 7 if name == "presets" else args.scenarios)
         cem_out = cem_reference(rs, iterations=args.iterations, num_samples=args.samples,
                                 seed=args.seed, progress=f"CEM {name}",
-                                out_dir=args.out_dir)
+                                out_dir=out_dir)
         rnd_g, rnd_f, rnd_curve, gr_g, gr_f = [], [], [], [], []
         for i, r in enumerate(tqdm(rs, desc=f"random+greedy {name}", leave=False)):
             sc = r.build()
@@ -132,10 +133,10 @@ def main(argv=None) -> dict:
               "cem_iterations": args.iterations, "random_plans": args.random_plans,
               "wall_seconds": round(wall, 1), "table": table, "curves": curves,
               "per_scenario": per_scenario}
-    save_json(result_path("baselines", "json", args.out_dir), result)
-    plot(curves, result_path("baselines", "png", args.out_dir))
+    save_json(result_path("baselines", "json", out_dir), result)
+    plot(curves, result_path("baselines", "png", out_dir))
     print(markdown_table(table))
-    print(f"wall {wall:.0f} s -> {result_path('baselines', 'json', args.out_dir)}")
+    print(f"wall {wall:.0f} s -> {result_path('baselines', 'json', out_dir)}")
     return result
 
 

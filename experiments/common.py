@@ -6,14 +6,31 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Committed results the README shows: written only with --save-results.
+RESULTS = os.path.join(HERE, "results")
+# Where runs go by default: an untracked folder (``runs/`` is ignored by git).
+RUNS = os.path.normpath(os.path.join(HERE, "..", "runs", "experiments"))
 
 
-def result_path(name: str, ext: str, out_dir: str | None = None) -> str:
-    """``{out_dir or experiments/results}/{name}.{ext}`` (the folder is created)."""
-    folder = out_dir or RESULTS
-    os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, f"{name}.{ext}")
+def add_output_args(ap) -> None:
+    """``--out-dir`` (default ``runs/experiments``, untracked) and ``--save-results`` (write
+    the committed ``experiments/results`` that the README shows)."""
+    ap.add_argument("--out-dir", default=None,
+                    help="folder for the JSON and PNG files (default: runs/experiments/)")
+    ap.add_argument("--save-results", action="store_true",
+                    help="write the committed results the README shows (experiments/results/)")
+
+
+def output_dir(args) -> str:
+    """The folder an experiment writes to (see :func:`add_output_args`)."""
+    return RESULTS if args.save_results else (args.out_dir or RUNS)
+
+
+def result_path(name: str, ext: str, out_dir: str) -> str:
+    """``{out_dir}/{name}.{ext}`` (the folder is created)."""
+    os.makedirs(out_dir, exist_ok=True)
+    return os.path.join(out_dir, f"{name}.{ext}")
 
 
 def save_json(path: str, obj) -> str:
@@ -73,7 +90,7 @@ def recipes(level: str, n: int, seed: int = EVAL_SEED):
 def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int = 0,
                   progress: str | None = None, out_dir: str | None = None) -> list[dict]:
     """CEM on each recipe (``agents/search.py``): ``{"best_reward", "history", "fired"}`` each,
-    cached in ``{out_dir or experiments/results}/cem_cache.json`` (key: recipe, iterations,
+    cached in ``{out_dir}/cem_cache.json`` (key: recipe, iterations,
     samples, seed) so that the experiments share one reference."""
     import hashlib
 

@@ -36,10 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import plot_lines, result_path, save_json  # noqa: E402
+from common import add_output_args, output_dir, plot_lines, result_path, save_json  # noqa: E402
 
 from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.search import ranking_score  # noqa: E402
@@ -138,8 +139,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--level", type=float, default=0.5, help="team reward G to reach")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    out_dir = output_dir(args)
     rng = np.random.default_rng(args.seed)
     cap = Capacity(max_tenants=args.tenants)
     scs = [many_tenant_recipe(rng, args.tenants).build(cap) for _ in range(args.scenarios)]
@@ -149,14 +151,17 @@ def main(argv=None) -> dict:
     bank_runs = jax.tree.map(lambda x: jnp.repeat(x, args.seeds, axis=0), bank)
     keys = jax.random.split(jax.random.PRNGKey(args.seed), n_runs)  # same keys for both
     curves, timing = {}, {}
-    for name, difference in (("team", False), ("difference", True)):
+    methods = (("team", False), ("difference", True))
+    bar = tqdm(methods, desc="credit methods", unit="method")
+    for name, difference in bar:
+        bar.set_postfix_str(f"{name}: compiling and running {n_runs} runs x {args.steps} steps")
         run = jax.jit(jax.vmap(make_run(steps=args.steps, batch=args.batch, lr=args.lr,
                                         difference=difference, params=params)))
         t0 = time.perf_counter()
         c = np.asarray(jax.block_until_ready(run(bank_runs, keys)))
         timing[name] = round(time.perf_counter() - t0, 1)
         curves[name] = c                                                   # [runs, steps]
-        print(f"{name}: final G {c[:, -10:].mean():.3f} ({timing[name]} s)", flush=True)
+        tqdm.write(f"{name}: final G {c[:, -10:].mean():.3f} ({timing[name]} s)")
     result = {"experiment": "difference_rewards", "device_kind": jax.devices()[0].device_kind,
               "tenants": args.tenants, "scenarios": args.scenarios, "seeds": args.seeds,
               "steps": args.steps, "batch": args.batch, "lr": args.lr, "level": args.level,
@@ -174,14 +179,15 @@ def main(argv=None) -> dict:
             "runs_reaching_level": int(np.isfinite(reach).sum()),
             "curve_mean": c.mean(0).round(4).tolist(),
         }
-    save_json(result_path("difference_rewards", "json", args.out_dir), result)
+    save_json(result_path("difference_rewards", "json", out_dir), result)
     x = list(range(args.steps))
-    plot_lines(result_path("difference_rewards", "png", args.out_dir),
+    plot_lines(result_path("difference_rewards", "png", out_dir),
                {f"{n} reward": (x, result[n]["curve_mean"]) for n in curves},
                xlabel="step", ylabel="team reward G of sampled plans (mean over runs)",
                title=f"{args.tenants} independent agents, {n_runs} runs each",
                hlines={f"level {args.level}": args.level})
     print({n: {k: v for k, v in result[n].items() if k != "curve_mean"} for n in curves})
+    print(f"wrote {result_path('difference_rewards', 'json', out_dir)} (+ .png)")
     return result
 
 

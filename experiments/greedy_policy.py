@@ -2,7 +2,9 @@
 
     python experiments/greedy_policy.py [--envs 256] [--steps 32] [--env Fleet-v0]
 
-Same seeds for both; prints one JSON line per policy (mean return per agent, valid fraction).
+Same seeds for both; prints one JSON line per policy (mean return per agent, valid fraction)
+and writes them to ``runs/experiments/greedy_policy.json`` (``--save-results``: the committed
+``experiments/results/greedy_policy.json`` the README's table is built from).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import sys
 
 import jax
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from common import add_output_args, output_dir, result_path, save_json  # noqa: E402
 from random_rollout import rollout_fn, summarize  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
@@ -29,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--envs", type=int, default=256)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    add_output_args(ap)
     args = ap.parse_args(argv)
     base, params = lj.make(args.env)
     env = LogWrapper(AutoResetWrapper(base))
@@ -37,13 +42,17 @@ def main(argv=None):
         "random": lambda key, state: base.sample_action(key, state.env_state),
     }
     results = []
-    for name, policy in policies.items():
+    bar = tqdm(policies.items(), desc="policies", unit="policy")
+    for name, policy in bar:
+        bar.set_postfix_str(f"{name}: compiling and running {args.envs} episodes")
         hist = rollout_fn(env, params, args.envs, args.steps, policy)(
             jax.random.PRNGKey(args.seed))
         out = {"experiment": "greedy_policy", "policy": name, "env": args.env,
                **summarize(hist)}
-        print(json.dumps(out))
+        tqdm.write(json.dumps(out))
         results.append(out)
+    path = save_json(result_path("greedy_policy", "json", output_dir(args)), results)
+    print(f"wrote {path}")
     return results
 
 

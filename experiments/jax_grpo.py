@@ -44,7 +44,15 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import TRAIN_SEED, cem_reference, recipes, result_path, save_json  # noqa: E402
+from common import (  # noqa: E402
+    TRAIN_SEED,
+    add_output_args,
+    cem_reference,
+    output_dir,
+    recipes,
+    result_path,
+    save_json,
+)
 
 from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.grpo import group_advantages  # noqa: E402
@@ -182,13 +190,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--cem-samples", type=int, default=100_000)
     ap.add_argument("--cem-iterations", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=None)
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    out_dir = output_dir(args)
 
     heldout_recipes = recipes(args.level, args.heldout)
     cem = cem_reference(heldout_recipes, iterations=args.cem_iterations,
                         num_samples=args.cem_samples, progress="CEM reference (held-out)",
-                        out_dir=args.out_dir)
+                        out_dir=out_dir)
     cem_reward = float(np.mean([c["best_reward"] for c in cem]))
     t0 = time.perf_counter()
     train_bank = scenario_bank([r.build() for r in tqdm(
@@ -260,14 +269,17 @@ def main(argv=None) -> dict:
         "fraction_of_cem": round(final_reward / cem_reward, 4),
         "wall_seconds": round(wall, 1), "compile_seconds": round(compile_seconds or 0.0, 1),
         "scenario_build_seconds": round(build_seconds, 1),
-        "settings": {k: v for k, v in vars(args).items() if k != "out_dir"},
+        "settings": {k: v for k, v in vars(args).items()
+                     if k not in ("out_dir", "save_results")},
     }
-    save_json(result_path("jax_grpo", "json", args.out_dir), {**summary, "curve": curve})
-    bench_dir = os.path.join(args.out_dir, "benchmarks") if args.out_dir else BENCH_RESULTS
+    save_json(result_path("jax_grpo", "json", out_dir), {**summary, "curve": curve})
+    bench_dir = BENCH_RESULTS if args.save_results else os.path.join(out_dir, "benchmarks")
     os.makedirs(bench_dir, exist_ok=True)
     save_json(os.path.join(bench_dir, "jax_grpo.json"), summary)
-    plot(curve, cem_reward, result_path("jax_grpo", "png", args.out_dir), summary)
+    plot(curve, cem_reward, result_path("jax_grpo", "png", out_dir), summary)
     print({k: v for k, v in summary.items() if k != "settings"})
+    print(f"wrote {result_path('jax_grpo', 'json', out_dir)} (+ .png) and "
+          f"{os.path.join(bench_dir, 'jax_grpo.json')}")
     return summary
 
 

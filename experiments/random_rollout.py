@@ -14,6 +14,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from tqdm import tqdm
 
 import libratio_jax as lj
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper
@@ -71,12 +72,17 @@ def main(argv=None):
         return base.sample_action(key, state.env_state)
 
     run = rollout_fn(env, params, args.envs, args.steps, policy)
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(jax.random.PRNGKey(args.seed)))
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hist = jax.block_until_ready(run(jax.random.PRNGKey(args.seed + 1)))
-    run_s = time.perf_counter() - t0
+    with tqdm(total=2, desc=f"{args.envs} episodes x {args.steps} steps", unit="call") as bar:
+        bar.set_postfix_str("compiling (first call)")
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(jax.random.PRNGKey(args.seed)))
+        compile_s = time.perf_counter() - t0
+        bar.update()
+        bar.set_postfix_str("timed run")
+        t0 = time.perf_counter()
+        hist = jax.block_until_ready(run(jax.random.PRNGKey(args.seed + 1)))
+        run_s = time.perf_counter() - t0
+        bar.update()
     out = {"experiment": "random_rollout", "env": args.env, "envs": args.envs,
            "steps": args.steps, "compile_seconds": round(compile_s, 2),
            "run_seconds": round(run_s, 3),

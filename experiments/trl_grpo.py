@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import plot_lines, result_path, save_json  # noqa: E402
+from common import add_output_args, output_dir, plot_lines, result_path, save_json  # noqa: E402
 
 
 def tiny_model(rows, n_plan_tokens: int):
@@ -64,8 +64,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--plan-tokens", type=int, default=4, help="per prompt (tiny model)")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="results folder (default experiments/results)")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    out_dir = output_dir(args)
 
     import torch
     import trl
@@ -118,8 +119,8 @@ def main(argv=None) -> dict:
         "wall_seconds": round(time.perf_counter() - t_start, 1), "trl_version": trl.__version__,
         "log": log,
     }
-    path = save_json(result_path("trl_grpo", "json", args.out), summary)
-    plot_lines(result_path("trl_grpo", "png", args.out), {
+    path = save_json(result_path("trl_grpo", "json", out_dir), summary)
+    plot_lines(result_path("trl_grpo", "png", out_dir), {
         "physics reward (mean)": ([x["step"] for x in log], [x["physics_reward"] for x in log]),
         "valid fraction": ([x["step"] for x in log], [x["valid_fraction"] for x in log]),
     }, xlabel="GRPO step", ylabel="reward / fraction",

@@ -10,7 +10,6 @@ from test_physics import _llama_cfg, _measured, _one_row_model
 
 import libratio_jax as lj
 from libratio_jax.cli import main
-from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics.throughput import gemm_seconds

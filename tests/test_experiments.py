@@ -78,3 +78,31 @@ def test_difference_rewards_tiny(tmp_path):
 def test_steps_to_level():
     assert difference_rewards.steps_to(np.array([0.1, 0.4, 0.6, 0.2]), 0.5) == 2.0
     assert math.isnan(difference_rewards.steps_to(np.array([0.1, 0.2]), 0.5))
+
+
+def test_outputs_go_to_an_untracked_folder_unless_asked():
+    """Scripts write to runs/ (ignored by git) by default; the committed results folders only
+    with --save-results."""
+    import argparse
+    import subprocess
+
+    import common
+
+    ap = argparse.ArgumentParser()
+    common.add_output_args(ap)
+    root = os.path.join(os.path.dirname(__file__), "..")
+    default = common.output_dir(ap.parse_args([]))
+    assert os.path.relpath(default, root) == os.path.join("runs", "experiments")
+    assert common.output_dir(ap.parse_args(["--save-results"])) == common.RESULTS
+    assert common.output_dir(ap.parse_args(["--out-dir", "x"])) == "x"
+    ignored = subprocess.run(["git", "check-ignore", "-q", os.path.join(default, "a.json")],
+                             cwd=root, check=False)
+    assert ignored.returncode == 0  # git ignores runs/
+    from importlib import util  # benchmarks/common.py, loaded by path (two "common" modules)
+
+    spec = util.spec_from_file_location("bench_common", os.path.join(root, "benchmarks",
+                                                                      "common.py"))
+    bench = util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.results_folder(False).endswith(os.path.join("runs", "benchmarks"))
+    assert bench.results_folder(True) == bench.RESULTS

@@ -10,7 +10,6 @@ import chex
 import jax
 import numpy as np
 import pytest
-import reference as R
 from fuzzing import cases
 
 import libratio_jax as lj
@@ -18,6 +17,7 @@ from libratio_jax import scenarios
 from libratio_jax.agents.policies import greedy_plan, random_valid_plan
 from libratio_jax.integrations import trl as hf
 from libratio_jax.rewards import RewardParams, compose, ird
+from libratio_jax.testing import reference as R
 from libratio_jax.text import codec as T
 from libratio_jax.text import judge
 

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference as R
 
 import libratio_jax as lj
 from libratio_jax.physics.kernel import evaluate_one
 from libratio_jax.physics.plan import sample_plans
+from libratio_jax.testing import reference as R
 
 CHECKED = ("memory_bytes", "memory_weights_bytes", "memory_kv_cache_bytes",
            "memory_activations_bytes", "step_seconds", "tokens_per_second", "speedup_vs_bf16",

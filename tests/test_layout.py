@@ -66,3 +66,18 @@ def test_old_classic_path_is_the_package():
     from libratio_jax.env.classic.replay import replay_scores as new
 
     assert replay_scores is new
+
+
+def test_import_from_the_folder_that_holds_a_clone_named_like_the_package(tmp_path):
+    """A clone folder named ``libratio_jax`` next to the working directory must not shadow the
+    installed package (the src layout keeps the package one level down)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "libratio_jax").symlink_to(ROOT, target_is_directory=True)
+    out = subprocess.run([sys.executable, "-c", "import libratio_jax as lj; "
+                          "print(lj.ClusterSpec.__name__, lj.__file__)"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    name, path = out.stdout.split()
+    assert name == "ClusterSpec" and path.endswith(os.path.join("libratio_jax", "__init__.py"))

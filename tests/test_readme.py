@@ -21,3 +21,17 @@ def test_readme_block_runs(index, monkeypatch):
         pytest.importorskip("trl")
     monkeypatch.chdir(ROOT)
     exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
+
+
+def test_result_tables_are_generated_from_the_results_files():
+    """The README's tables equal what benchmarks/readme_tables.py builds from the committed
+    results (run it after a --save-results run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.count("<!-- table: ") >= 8
+    assert tables.render(text) == text

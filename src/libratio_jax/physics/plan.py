@@ -316,20 +316,26 @@ KV_MENU: tuple[int, ...] = (F.BF16, F.FP8_E4M3, F.INT8)
 MICRO_BATCH_MENU: tuple[int, ...] = (1, 2, 4)
 
 
-def _choose(key, allowed):
-    """Index of a uniformly chosen True entry of ``allowed`` (entry 0 if none)."""
-    first = jnp.arange(allowed.shape[0]) == 0
-    ok = jnp.where(jnp.any(allowed), allowed, first)
-    return jax.random.categorical(key, jnp.where(ok, 0.0, -jnp.inf))
+def _choose(u, allowed):
+    """Index of a uniformly chosen True entry of ``allowed [..., K]`` given iid uniforms
+    ``u [..., K]`` (the largest uniform among the allowed; entry 0 if none is allowed)."""
+    return jnp.argmax(jnp.where(allowed, u, -1.0), axis=-1)
+
+
+def _pick(u, menu):
+    """A uniform entry of ``menu`` per uniform in ``u``."""
+    menu = jnp.asarray(menu, jnp.int32)
+    return menu[jnp.minimum((u * menu.shape[0]).astype(jnp.int32), menu.shape[0] - 1)]
 
 
 def random_valid_plan(key, scenario, *, per_layer: bool = False) -> Plan:
     """A random plan that passes :func:`validate_plan` for each tenant on its own (jittable;
-    ``vmap`` it over keys or scenarios). Per present tenant, from the ``*_MENU`` constants: a
-    pool with GPUs, ``tp`` dividing the heads and KV heads, ``pp`` at most the blocks,
-    ``tp * pp * dp`` within the pool, a ZeRO stage, recomputation, micro-batch, KV format and
-    a format per layer kind (``per_layer``: per row). Absent tenants get the idle plan.
-    Tenants are independent, so together they may over-commit the cluster.
+    ``vmap`` it over keys or scenarios). Per present tenant, uniformly from the ``*_MENU``
+    constants: a pool with GPUs, ``tp`` dividing the heads and KV heads, ``pp`` at most the
+    blocks, ``tp * pp * dp`` within the pool, a ZeRO stage, recomputation, micro-batch, KV
+    format and a format per layer kind (``per_layer``: per row). Absent tenants get the idle
+    plan. Tenants are independent, so together they may over-commit the cluster. (One draw of
+    uniforms feeds every choice: one PRNG call keeps the compiled sampler small.)
 
     Example:
         >>> from libratio_jax.physics.scenario import reference_scenario
@@ -339,33 +345,28 @@ def random_valid_plan(key, scenario, *, per_layer: bool = False) -> Plan:
     m, l = scenario.num_tenants, scenario.num_layers
     models = scenario.models
     counts = jnp.where(scenario.cluster.valid, scenario.cluster.gpu_count, 0)
-    keys = jax.random.split(key, 9)
-    per = lambda k: jax.random.split(k, m)  # noqa: E731
-    pool = jax.vmap(lambda k: _choose(k, counts > 0))(per(keys[0]))
+    n_pools = counts.shape[0]
+    widths = (n_pools, len(TP_MENU), len(PP_MENU), len(DP_MENU), 4,
+              l if per_layer else A.NUM_KINDS)
+    u = jax.random.uniform(key, (m, sum(widths)))
+    u_pool, u_tp, u_pp, u_dp, u_misc, u_fmt = jnp.split(u, np.cumsum(widths)[:-1], axis=1)
+    pool = _choose(u_pool, (counts > 0)[None, :])
     cap = counts[pool][:, None]
     tp_menu, pp_menu, dp_menu = (jnp.asarray(x, jnp.int32) for x in (TP_MENU, PP_MENU, DP_MENU))
     heads = models.n_heads.astype(jnp.int32)[:, None]
     kv = models.n_kv_heads.astype(jnp.int32)[:, None]
-    tp_ok = (heads % tp_menu == 0) & (kv % tp_menu == 0) & (tp_menu <= cap)
-    tp = tp_menu[jax.vmap(_choose)(per(keys[1]), tp_ok)]
-    pp_ok = (pp_menu <= models.n_blocks[:, None]) & (tp[:, None] * pp_menu <= cap)
-    pp = pp_menu[jax.vmap(_choose)(per(keys[2]), pp_ok)]
-    dp_ok = (tp * pp)[:, None] * dp_menu <= cap
-    dp = dp_menu[jax.vmap(_choose)(per(keys[3]), dp_ok)]
-    formats = jnp.asarray(FORMAT_MENU, jnp.int32)
-    if per_layer:
-        precision = formats[jax.random.randint(keys[4], (m, l), 0, len(FORMAT_MENU))]
-    else:
-        per_kind = formats[jax.random.randint(keys[4], (m, A.NUM_KINDS), 0, len(FORMAT_MENU))]
-        precision = jnp.take_along_axis(per_kind, models.kind, axis=1)
-    pick = lambda k, menu: jnp.asarray(menu, jnp.int32)[  # noqa: E731
-        jax.random.randint(k, (m,), 0, len(menu))]
+    tp = tp_menu[_choose(u_tp, (heads % tp_menu == 0) & (kv % tp_menu == 0) & (tp_menu <= cap))]
+    pp = pp_menu[_choose(u_pp, (pp_menu <= models.n_blocks[:, None])
+                         & (tp[:, None] * pp_menu <= cap))]
+    dp = dp_menu[_choose(u_dp, (tp * pp)[:, None] * dp_menu <= cap)]
+    formats = _pick(u_fmt, FORMAT_MENU)
+    precision = formats if per_layer else jnp.take_along_axis(formats, models.kind, axis=1)
     plan = Plan(
         precision=precision.astype(jnp.int32), gpus=(tp * pp * dp).astype(jnp.int32),
         tp=tp.astype(jnp.int32), pp=pp.astype(jnp.int32),
-        zero_stage=pick(keys[5], ZERO_MENU), recompute=pick(keys[6], RECOMPUTE_MENU),
-        kv_precision=pick(keys[7], KV_MENU), micro_batch=pick(keys[8], MICRO_BATCH_MENU),
-        pool=pool.astype(jnp.int32))
+        zero_stage=_pick(u_misc[:, 0], ZERO_MENU), recompute=_pick(u_misc[:, 1], RECOMPUTE_MENU),
+        kv_precision=_pick(u_misc[:, 2], KV_MENU),
+        micro_batch=_pick(u_misc[:, 3], MICRO_BATCH_MENU), pool=pool.astype(jnp.int32))
     keep = scenario.present
     idle = Plan.idle(m, l)
     return jax.tree.map(
@@ -381,5 +382,11 @@ def _sample_plans(scenario, key, n: int, per_layer: bool) -> Plan:
 def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> Plan:
     """``n`` random plans ``[n, ...]`` that pass :func:`validate_plan`: :func:`random_valid_plan`
     with keys from ``PRNGKey(seed)``, one jitted call (``per_layer``: a format per row rather
-    than per layer kind)."""
-    return _sample_plans(scenario, jax.random.PRNGKey(int(seed)), int(n), bool(per_layer))
+    than per layer kind). Batches are drawn in power-of-two sizes (at least 64) and cut to
+    ``n``, so few sizes compile."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"sample_plans: n must be >= 1, got {n}")
+    size = max(64, 1 << (n - 1).bit_length())
+    plans = _sample_plans(scenario, jax.random.PRNGKey(int(seed)), size, bool(per_layer))
+    return plans if size == n else jax.tree.map(lambda x: x[:n], plans)

@@ -46,7 +46,11 @@ def batch_mesh(devices=None) -> Mesh:
 
 
 @functools.cache
-def _sharded_fn(mesh: Mesh):
+def sharded_evaluate_batch(mesh: Mesh):
+    """The jitted pure function ``(scenario, plans) -> Metrics`` that runs
+    :func:`~libratio_jax.physics.kernel.evaluate_batch` on every device of ``mesh`` (the
+    scenario replicated, the plans split on the batch axis; place them with
+    :func:`shard_plans`). Cached per mesh: use it in loops and benchmarks."""
     fn = jax.shard_map(evaluate_batch, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS))
     return jax.jit(fn)
 
@@ -82,5 +86,5 @@ def evaluate_sharded(scenario: Scenario, plan: Plan, *, mesh: Mesh | None = None
     mesh = batch_mesh() if mesh is None else mesh
     plans, b = shard_plans(plan, mesh)
     scenario = jax.device_put(scenario, NamedSharding(mesh, P()))
-    out = _sharded_fn(mesh)(scenario, plans)
+    out = sharded_evaluate_batch(mesh)(scenario, plans)
     return out if out.fits.shape[0] == b else jax.tree.map(lambda x: x[:b], out)

@@ -1,0 +1,185 @@
+"""The README's result tables, generated from the committed results files so they cannot drift.
+
+    python benchmarks/readme_tables.py           # rewrite the tables in README.md
+    python benchmarks/readme_tables.py --check   # exit 1 if README.md differs (the tests run this)
+
+Each table sits between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in README.md and is
+built from ``benchmarks/results/*.json`` or ``experiments/results/*.json`` (written by the
+scripts with ``--save-results``). A table whose files are missing keeps its markers and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BENCH = os.path.join(HERE, "results")
+EXPER = os.path.join(ROOT, "experiments", "results")
+README = os.path.join(ROOT, "README.md")
+_BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+def _load(*parts):
+    path = os.path.join(*parts)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _si(x: float) -> str:
+    """3 significant digits with k / M / G."""
+    for scale, unit in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _device(rec) -> str:
+    kind = rec.get("device_kind", "?")
+    return "2-core CPU" if rec.get("platform", "cpu") == "cpu" and kind == "cpu" else kind
+
+
+def _table(header, rows) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def env_throughput() -> str:
+    rows = []
+    for suffix in ("cpu", "gpu"):
+        for r in _load(BENCH, f"env_throughput_{suffix}.json") or []:
+            rows.append((_device(r), r["reward_mode"], f"{r['envs']:,}",
+                         _si(r["agent_steps_per_second"]), f"{r['compile_seconds']:.1f} s"))
+    return _table(("device", "reward", "environments", "agent-steps/s", "compile"), rows)
+
+
+def reward_latency() -> str:
+    rows = []
+    for r in _load(BENCH, "reward_latency_cpu.json") or []:
+        rows.append((f"{r['completions']:,}", "yes" if r["credit"] else "no",
+                     f"{1e3 * r['parse_seconds']:.1f} ms ({r['parse_ms_per_completion']:.2f} ms"
+                     " each)", f"{1e3 * r['evaluate_seconds']:.1f} ms",
+                     f"{1e3 * r['total_seconds']:.1f} ms"))
+    return _table(("completions", "difference credit", "parse", "evaluate", "total"), rows)
+
+
+def evaluate_throughput() -> str:
+    rows = []
+    for name in ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu_full.json",
+                 "evaluate_throughput_gpu_coarse.json"):
+        for r in _load(BENCH, name) or []:
+            ref = r.get("speedup_vs_reference")
+            rows.append((_device(r), r["layers"], f"{r['batch']:,}",
+                         _si(r["plans_per_second"]), f"{r['compile_seconds']:.1f} s",
+                         f"{ref:,.0f}×" if ref else ""))
+    return _table(("device", "rows per model (L)", "batch", "plans/s", "compile",
+                   "vs plain-Python reference"), rows)
+
+
+def baselines() -> str:
+    d = _load(EXPER, "baselines.json")
+    if d is None:
+        return "(no experiments/results/baselines.json yet)\n"
+    rules = [k for k in d["table"][0] if k.startswith("ird_")]
+    rows = [(r["set"], r["method"], f"{r['team_reward']:.3f}", f"{r['feasible']:.2f}",
+             *(f"{r[k]:.2f}" for k in rules)) for r in d["table"]]
+    return _table(("set", "method", "team reward", "feasible",
+                   *(k[4:] for k in rules)), rows)
+
+
+def jax_grpo() -> str:
+    d = _load(BENCH, "jax_grpo.json")
+    if d is None:
+        return "(no benchmarks/results/jax_grpo.json yet)\n"
+    return _table(("device", "training wall time", "steps (plans judged)",
+                   "held-out team reward", "CEM", "fraction of CEM", "feasible"), [(
+        _device(d), f"{d['wall_seconds']:.0f} s (+{d['compile_seconds']:.0f} s compile, "
+        f"+{d['scenario_build_seconds']:.0f} s building scenarios)",
+        f"{d['steps']:,} ({_si(d['plans_evaluated'])})", f"{d['final_reward']:.3f}",
+        f"{d['cem_reward']:.3f}", f"**{100 * d['fraction_of_cem']:.1f}%**",
+        f"{d['final_feasible']:.2f}")])
+
+
+def difference_rewards() -> str:
+    d = _load(EXPER, "difference_rewards.json")
+    if d is None:
+        return "(no experiments/results/difference_rewards.json yet)\n"
+    runs = d["scenarios"] * d["seeds"]
+    rows = []
+    for key, label in (("team", "shared team reward"), ("difference", "difference rewards")):
+        r = d[key]
+        med = r["median_steps_to_level"]
+        rows.append((label, f"{r['final_reward']:.3f}", r["runs_reaching_level"],
+                     "—" if med is None else f"{med:g}"))
+    return _table(("credit", "team reward `G`, last 10 steps",
+                   f"runs reaching `G` ≥ {d['level']} (of {runs})",
+                   f"median steps to {d['level']} (— when fewer than half reach it)"), rows)
+
+
+def classic_throughput() -> str:
+    rows = []
+    for suffix in ("cpu", "gpu"):
+        for r in _load(BENCH, f"classic_throughput_{suffix}.json") or []:
+            py = r.get("python_steps_per_second")
+            rows.append((r["task"], f"{_device(r)} ({r['episodes']:,} episodes)",
+                         _si(r["steps_per_second"]),
+                         f"{_si(py)} ({r['speedup_vs_python']:,.0f}×)" if py else "",
+                         f"{r['speedup_vs_original']:,.0f}×"))
+    return _table(("task", "device", "JAX steps/s", "plain-Python steps/s (same rules)",
+                   "vs the original service"), rows)
+
+
+def greedy_policy() -> str:
+    d = _load(EXPER, "greedy_policy.json")
+    if d is None:
+        return "(no experiments/results/greedy_policy.json yet)\n"
+    rows = [(r["policy"], r["env"], f"{r['episodes']:,}", f"{r['valid_fraction']:.2f}",
+             f"{r['mean_step_reward']:.3f}") for r in d]
+    return _table(("policy", "env", "episodes", "valid episodes", "mean step reward"), rows)
+
+
+TABLES = {f.__name__.replace("_", "-"): f for f in (
+    env_throughput, reward_latency, evaluate_throughput, baselines, jax_grpo,
+    difference_rewards, classic_throughput, greedy_policy)}
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table regenerated."""
+    def one(m):
+        name = m.group("name")
+        if name not in TABLES:
+            raise ValueError(f"README.md: unknown table {name!r}; known: {sorted(TABLES)}")
+        return m.group(1) + TABLES[name]() + m.group(4)
+
+    return _BLOCK.sub(one, text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="fail if README.md is out of date")
+    args = ap.parse_args(argv)
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("README.md tables differ from the results files: run "
+                  "python benchmarks/readme_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    with open(README, "w", encoding="utf-8") as f:
+        f.write(new)
+    print(f"README.md: {len(_BLOCK.findall(new))} tables from the results files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
