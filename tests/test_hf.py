@@ -255,8 +255,8 @@ def test_one_compile_per_batch_bucket(rows, built):
     texts, scen, _, _ = _batch(rows, built, 20, seed=2)
     physics(None, texts, scenario=scen)
     size = judge._judge._cache_size()
-    for seed in (3, 4, 5):  # new plans, other scenarios, 17..32 valid completions: same bucket
-        texts, scen, _, _ = _batch(rows, built, 17 + seed * 4, seed=seed)
+    for seed, n in ((3, 17), (4, 25), (5, 32)):  # new plans and scenarios, 17..32 valid
+        texts, scen, _, _ = _batch(rows, built, n, seed=seed)  # completions: the same bucket
         physics(None, texts, scenario=scen)
     assert judge._judge._cache_size() == size
 

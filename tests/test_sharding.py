@@ -25,7 +25,7 @@ CHECK = textwrap.dedent("""
     from libratio_jax.physics.plan import sample_plans
 
     assert jax.device_count() == 8, jax.devices()
-    for groups, n in ((1, 100), (1, 64), (2, 13)):  # padded, exact, fewer plans than 2/device
+    for groups, n in ((1, 100), (1, 13)):  # padded; fewer plans than 2 per device
         sc = lj.reference_scenario(block_groups=groups)
         plans = sample_plans(sc, n, seed=n)
         a, b = sharding.evaluate_sharded(sc, plans), lj.evaluate(sc, plans)

@@ -56,6 +56,7 @@ import jax
 import numpy as np
 
 from libratio_jax.agents.policies import greedy_plan
+from libratio_jax.physics import checks
 from libratio_jax.physics.plan import Plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
@@ -63,7 +64,7 @@ from libratio_jax.rewards.ird import RULE_NAMES
 from libratio_jax.scenarios import LEVELS as SCENARIO_LEVELS
 from libratio_jax.scenarios import PRESET_NAMES, Generator, ScenarioRecipe, preset_recipe
 from libratio_jax.text import codec as T
-from libratio_jax.text.judge import NO_SCENARIO, Judgement, RewardEngine
+from libratio_jax.text.judge import Judgement, RewardEngine
 from libratio_jax.text.prompts import SYSTEM_PROMPT, chat_prompt, scenario_messages
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,8 @@ def build_dataset(n: int, seed: int = 0, difficulty: str = "medium", *,
     :func:`~libratio_jax.agents.policies.greedy_plan`. ``as_dataset=True`` returns a
     ``datasets.Dataset`` (needs the ``datasets`` package: ``pip install libratio_jax[hf]``).
     """
-    if int(n) < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    n = checks.positive_int(n, "build_dataset: n", 10_000_000)
+    seed = checks.integer(seed, "build_dataset: seed", 0, 2**32 - 1)
     if agents not in ("joint", "each"):
         raise ValueError(f"agents must be 'joint' or 'each', got {agents!r}")
     rows = []
@@ -152,8 +153,11 @@ class _RewardFunc:
         if completions is None:
             return []
         completions = list(completions)
-        if kwargs.get("scenario") is None and self.engine.default is None:
-            raise ValueError(NO_SCENARIO)  # a setup error, not model output
+        # setup errors (ours or the user's, not the model's) reach the caller
+        self.engine.check_columns(len(completions), kwargs.get("scenario"), kwargs.get("agent"),
+                                  kwargs.get("context_plan"))
+        if not completions:
+            return []
         try:
             j = self.engine.judge(completions, kwargs.get("scenario"), kwargs.get("agent"),
                                   kwargs.get("context_plan"))

@@ -211,7 +211,7 @@ class ModelSpec:
         Raises:
             ValueError: unsupported ``model_type`` or capacity smaller than the model's rows.
         """
-        rows, scalars = build_rows(load_config_dict(source), block_groups)
+        rows, scalars = config_rows(source, block_groups)
         n = len(rows)
         cap = n if capacity is None else int(capacity)
         if cap < n:
@@ -236,22 +236,66 @@ def _get(cfg: dict, *names, default=None):
     return default
 
 
+# Limits on config sizes (well above every published model: Llama-3.1-405B has 126 blocks,
+# hidden 16,384, 128 heads; vocabularies stay under 300 k): a config beyond them is an input
+# error, not something to allocate for.
+MAX_BLOCKS = 1024
+MAX_WIDTH = 1 << 20
+MAX_HEADS = 4096
+MAX_VOCAB = 1 << 22
+MAX_EXPERTS = 4096
+
+
+def _int_field(cfg: dict, name: str, lo: int, hi: int, default: Any = None) -> int:
+    """``cfg[name]`` as an int in ``[lo, hi]``; ValueError naming the field otherwise."""
+    v = cfg.get(name)
+    if v is None:
+        if default is None:
+            raise ValueError(f"config: {name} is missing")
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or (
+            isinstance(v, (float, np.floating)) and not float(v).is_integer()):
+        raise ValueError(f"config: {name} must be an integer, got {v!r}")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise ValueError(f"config: {name} = {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def _bool_field(cfg: dict, name: str, default: bool = False) -> bool:
+    v = cfg.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"config: {name} must be true or false, got {v!r}")
+    return bool(v)
+
+
 def _build_rows(cfg: dict):
     """Rows as tuples (kind, params, flops_per_token, in, out, instances, act_bytes, block,
-    count)."""
+    count). Raises ValueError naming the config field that is missing, of the wrong type or
+    out of its range (see the ``MAX_*`` limits)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"a model config must be a mapping, got {type(cfg).__name__}")
     mtype = cfg.get("model_type")
     if mtype not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"unsupported model_type {mtype!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    h = int(cfg["hidden_size"])
-    n_blocks = int(cfg["num_hidden_layers"])
-    n_heads = int(cfg["num_attention_heads"])
-    n_kv = int(_get(cfg, "num_key_value_heads", default=n_heads))
-    head_dim = int(_get(cfg, "head_dim", default=h // n_heads))
-    vocab = int(cfg["vocab_size"])
-    inter = int(cfg["intermediate_size"])
-    tied = bool(_get(cfg, "tie_word_embeddings", default=False))
+    h = _int_field(cfg, "hidden_size", 1, MAX_WIDTH)
+    n_blocks = _int_field(cfg, "num_hidden_layers", 1, MAX_BLOCKS)
+    n_heads = _int_field(cfg, "num_attention_heads", 1, MAX_HEADS)
+    n_kv = _int_field(cfg, "num_key_value_heads", 1, n_heads, default=n_heads)
+    if n_heads % n_kv:
+        raise ValueError(f"config: num_key_value_heads = {n_kv} must divide "
+                         f"num_attention_heads = {n_heads}")
+    if cfg.get("head_dim") is None and h % n_heads:
+        raise ValueError(f"config: num_attention_heads = {n_heads} must divide hidden_size = "
+                         f"{h} (or give head_dim)")
+    head_dim = _int_field(cfg, "head_dim", 1, MAX_WIDTH, default=h // n_heads)
+    vocab = _int_field(cfg, "vocab_size", 1, MAX_VOCAB)
+    inter = _int_field(cfg, "intermediate_size", 1, MAX_WIDTH)
+    tied = _bool_field(cfg, "tie_word_embeddings")
     q_dim, kv_dim = n_heads * head_dim, n_kv * head_dim
 
     # Biases: qwen2 has q/k/v biases and no o bias (transformers Qwen2Attention);
@@ -259,15 +303,22 @@ def _build_rows(cfg: dict):
     if mtype == "qwen2":
         qkv_bias, o_bias = True, False
     else:
-        qkv_bias = o_bias = bool(_get(cfg, "attention_bias", default=False))
-    mlp_bias = bool(_get(cfg, "mlp_bias", default=False)) if mtype == "llama" else False
+        qkv_bias = o_bias = _bool_field(cfg, "attention_bias")
+    mlp_bias = _bool_field(cfg, "mlp_bias") if mtype == "llama" else False
     qk_norm = mtype in ("qwen3", "qwen3_moe")
 
-    n_experts = int(_get(cfg, "num_experts", "num_local_experts", default=0))
-    k_experts = int(_get(cfg, "num_experts_per_tok", default=0))
-    moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter))
-    sparse_step = int(_get(cfg, "decoder_sparse_step", default=1))
-    mlp_only = set(_get(cfg, "mlp_only_layers", default=[]) or [])
+    experts_key = "num_local_experts" if cfg.get("num_experts") is None else "num_experts"
+    n_experts = _int_field(cfg, experts_key, 0, MAX_EXPERTS, default=0)
+    k_experts = _int_field(cfg, "num_experts_per_tok", 0, max(n_experts, 0), default=0)
+    if mtype in ("mixtral", "qwen3_moe") and not (n_experts >= 1 and k_experts >= 1):
+        raise ValueError(f"config: a {mtype} model needs num_experts >= 1 and "
+                         "num_experts_per_tok >= 1")
+    moe_inter = _int_field(cfg, "moe_intermediate_size", 1, MAX_WIDTH, default=inter)
+    sparse_step = _int_field(cfg, "decoder_sparse_step", 1, MAX_BLOCKS, default=1)
+    mlp_only_raw = _get(cfg, "mlp_only_layers", default=[]) or []
+    if not isinstance(mlp_only_raw, (list, tuple)):
+        raise ValueError(f"config: mlp_only_layers must be a list, got {mlp_only_raw!r}")
+    mlp_only = set(mlp_only_raw)
 
     def is_moe(b: int) -> bool:
         if mtype == "mixtral":
@@ -341,15 +392,28 @@ def _build_rows(cfg: dict):
     return rows, scalars
 
 
+def config_rows(source: Any, block_groups: int | None = None):
+    """:func:`build_rows` of any config source, with a ValueError that names the source (the
+    file, for a path) and the field."""
+    cfg = load_config_dict(source)
+    try:
+        return build_rows(cfg, block_groups)
+    except ValueError as e:
+        if isinstance(source, (str, os.PathLike)) and str(source) not in catalog_models():
+            raise ValueError(f"{source}: {e}") from None
+        raise
+
+
 def build_rows(cfg: dict, block_groups: int | None = None):
     """Rows and scalars of a config, with blocks optionally merged into ``block_groups``
     contiguous segments (consecutive blocks with the same row layout are merged)."""
     rows, scalars = _build_rows(cfg)
     n_blocks = scalars["n_blocks"]
+    if block_groups is not None and (isinstance(block_groups, bool) or not isinstance(
+            block_groups, (int, np.integer)) or block_groups < 1):
+        raise ValueError(f"block_groups must be a positive integer, got {block_groups!r}")
     if block_groups is None or int(block_groups) >= n_blocks:
         return rows, scalars
-    if int(block_groups) < 1:
-        raise ValueError(f"block_groups must be >= 1, got {block_groups}")
     segment = np.zeros(n_blocks, np.int64)
     for i, seg in enumerate(np.array_split(np.arange(n_blocks), int(block_groups))):
         segment[seg] = i

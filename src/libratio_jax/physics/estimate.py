@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from libratio_jax.physics import checks
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.architecture import ModelSpec
 from libratio_jax.physics.hardware import gpu_spec
@@ -92,16 +93,21 @@ def _setup(model, mode, batch, seq_len, weights, optimizer, optimizer_state, aut
            gpus, tp, pp, zero_stage, kv_precision, micro_batch):
     spec = model if isinstance(model, ModelSpec) else ModelSpec.from_hf_config(model)
     opt_id = optimizer_id(optimizer)
-    for name, v in (("gpus", gpus), ("tp", tp), ("pp", pp)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if mode not in ("train", "serve"):
+        raise ValueError(f"mode must be 'train' or 'serve', got {mode!r}")
+    batch = checks.positive_int(batch, "batch", checks.MAX_BATCH)
+    seq_len = checks.positive_int(seq_len, "seq_len", checks.MAX_SEQ_LEN)
+    gpus = checks.positive_int(gpus, "gpus", checks.MAX_GPUS)
+    tp = checks.positive_int(tp, "tp", checks.MAX_GPUS)
+    pp = checks.positive_int(pp, "pp", int(spec.n_blocks))
+    zero_stage = checks.integer(zero_stage, "zero_stage", 0, 3)
+    if micro_batch is not None:
+        micro_batch = checks.positive_int(micro_batch, "micro_batch", checks.MAX_BATCH)
     if gpus % (tp * pp):
         raise ValueError(f"tp * pp = {tp * pp} must divide gpus = {gpus}")
     if int(spec.n_heads) % tp or int(spec.n_kv_heads) % tp:
         raise ValueError(f"tp = {tp} must divide the attention heads ({int(spec.n_heads)}) "
                          f"and KV heads ({int(spec.n_kv_heads)})")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError("zero_stage must be 0, 1, 2 or 3")
     w_fmt = F.format_id(weights)
     c_fmt = w_fmt if autocast is None else F.format_id(autocast)
     state_fmt = w_fmt if optimizer_state is None else F.format_id(optimizer_state)
@@ -134,10 +140,11 @@ def estimate_memory(model: Any, *, mode: str = "train", batch: int = DEFAULT_BAT
     partitions' dtype (DeepSpeed keeps them in FP32; default: the weights' dtype)."""
     if offload not in OFFLOAD:
         raise ValueError(f"offload {offload!r} not in {OFFLOAD}")
+    rc = int(checks.strict_bool(recompute, "recompute"))
     spec, work, prec, _, c_fmt, kv, dp, mb, opt_bytes, cache = _setup(
         model, mode, batch, seq_len, weights, optimizer, optimizer_state, autocast, gpus, tp,
         pp, zero_stage, kv_precision, micro_batch)
-    mem = tenant_memory(spec, work, prec, kv, tp, pp, dp, zero_stage, int(recompute),
+    mem = tenant_memory(spec, work, prec, kv, tp, pp, dp, zero_stage, rc,
                         float(mb), act_precision=None if autocast is None else c_fmt,
                         optimizer_bytes=opt_bytes, weight_cache_bytes=cache,
                         gradient_bytes=None if gradient_dtype is None else float(
@@ -156,6 +163,7 @@ def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "trai
                         micro_batch: int | None = None) -> ThroughputEstimate:
     """Step time and tokens/s on ``gpus`` GPUs of kind ``gpu`` (same arguments as
     :func:`estimate_memory`). GEMMs run in ``autocast`` (else the weights' format)."""
+    rc = int(checks.strict_bool(recompute, "recompute"))
     spec, work, _, _, c_fmt, kv, dp, mb, _, _ = _setup(
         model, mode, batch, seq_len, weights, optimizer, optimizer_state, autocast, gpus, tp,
         pp, zero_stage, kv_precision, micro_batch)
@@ -170,7 +178,7 @@ def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "trai
     prec = np.full(spec.capacity, c_fmt, np.int32)
     w_fmt = F.format_id(weights)
     storage = float(F.STORAGE_BYTES[w_fmt]) if w_fmt != c_fmt else None
-    st = tenant_step_time(spec, work, pool, prec, kv, tp, pp, dp, zero_stage, int(recompute),
+    st = tenant_step_time(spec, work, pool, prec, kv, tp, pp, dp, zero_stage, rc,
                           float(mb), weight_storage_bytes=storage)
     step = float(st.step_seconds)
     tokens = float(st.tokens_per_second)

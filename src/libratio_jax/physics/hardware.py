@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from libratio_jax.physics import checks
 from libratio_jax.physics import formats as F
 
 _GB = 1e9
@@ -311,18 +312,31 @@ class ClusterSpec:
         power_cap_watts: float = float("inf"),
     ) -> ClusterSpec:
         """A cluster from ``{gpu_kind: count}`` (or pairs), padded to ``pool_capacity`` pools."""
-        items = list(pools.items()) if isinstance(pools, Mapping) else list(pools)
+        if isinstance(pools, Mapping):
+            items = list(pools.items())
+        elif isinstance(pools, Sequence) and not isinstance(pools, (str, bytes)):
+            items = list(pools)
+        else:
+            raise ValueError(f"cluster: pools must be a mapping or (kind, count) pairs, got "
+                             f"{type(pools).__name__}")
         if not items:
             raise ValueError("cluster: at least one pool of GPUs is required")
-        cap = len(items) if pool_capacity is None else int(pool_capacity)
+        cap = len(items) if pool_capacity is None else checks.positive_int(
+            pool_capacity, "cluster: pool_capacity", 1024)
         if cap < len(items):
             raise ValueError(f"cluster: {len(items)} pools exceed pool_capacity={cap}")
+        inlet_celsius = checks.number(inlet_celsius, "cluster: inlet_celsius", -50.0, 100.0)
+        if power_cap_watts != float("inf"):
+            power_cap_watts = checks.number(power_cap_watts, "cluster: power_cap_watts", 0.0,
+                                            1e12)
         specs, counts = [], []
-        for kind, count in items:
-            if int(count) != count or int(count) < 1:
-                raise ValueError(f"cluster: gpu count for {kind!r} must be a positive integer")
+        for item in items:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise ValueError(f"cluster: each pool is a (gpu kind, count) pair, got {item!r}")
+            kind, count = item
+            counts.append(checks.positive_int(count, f"cluster: gpu count of {kind!r}",
+                                              checks.MAX_GPUS))
             specs.append(gpu_spec(kind))
-            counts.append(int(count))
         pad = cap - len(items)
         specs += [specs[0]] * pad
         counts += [0] * pad

@@ -24,7 +24,7 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety
 from libratio_jax.physics.memory import tenant_memory
-from libratio_jax.physics.plan import Plan, validate_plan
+from libratio_jax.physics.plan import Plan, sanitize_plan, validate_plan
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -66,6 +66,7 @@ class Metrics:
     overcommitted: jnp.ndarray
     cluster_power_watts: jnp.ndarray
     power_over_cap: jnp.ndarray
+    plan_valid: jnp.ndarray  # [..., M] every field in its domain (physics.plan.sanitize_plan)
 
 
 _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes_per_second",
@@ -123,7 +124,12 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, gp
 
 
 def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
-    """Metrics of one plan (no batch axis) on one scenario. Pure; safe under jit and vmap."""
+    """Metrics of one plan (no batch axis) on one scenario. Pure; safe under jit and vmap.
+
+    Any plan arrays are accepted (floats, NaN, out-of-domain values): a tenant whose plan is
+    out of its domain is evaluated as idle and reported in ``plan_valid`` (see
+    :func:`~libratio_jax.physics.plan.sanitize_plan`); every metric stays finite."""
+    plan, plan_valid = sanitize_plan(scenario, plan)
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
     pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
@@ -147,6 +153,7 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
         overcommitted=overcommitted,
         cluster_power_watts=cluster_power,
         power_over_cap=cluster_power > c.power_cap_watts,
+        plan_valid=plan_valid,
     )
 
 

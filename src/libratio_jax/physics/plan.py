@@ -22,6 +22,7 @@ import numpy as np
 from flax import struct
 
 from libratio_jax.physics import architecture as A
+from libratio_jax.physics import checks
 from libratio_jax.physics import formats as F
 
 # Readable layer groups -> row kinds.
@@ -136,7 +137,8 @@ def choices_to_arrays(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, 
         for k in ("tp", "pp", "micro_batch"):
             ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
         ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
-        ints["recompute"][i] = int(bool(ch.get("recompute", False)))
+        ints["recompute"][i] = int(checks.strict_bool(ch.get("recompute", False),
+                                                       f"plan: tenant {i} recompute"))
         ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
         try:
             ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
@@ -254,6 +256,9 @@ def validate_plan(scenario, plan: Plan) -> None:
         x = np.asarray(getattr(plan, name))
         if x.shape != batch + (m,):
             raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
+        if not (np.issubdtype(x.dtype, np.integer)
+                or (name == "recompute" and x.dtype == np.bool_)):
+            raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
         vals[name] = np.broadcast_to(x, batch + (m,)).reshape(-1, m).astype(np.int64)
     kv = vals["kv_precision"]
     if kv.size and (kv.min() < 0 or kv.max() >= F.NUM_FORMATS):
@@ -301,6 +306,58 @@ def validate_plan(scenario, plan: Plan) -> None:
                 f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
                 f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})"
             )
+
+
+def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
+    """``(safe plan, valid[M])`` for any plan arrays, inside ``jit`` (one plan, no batch axis).
+
+    A present tenant's plan is valid when every field is a finite integer in its domain:
+    formats of valid rows and the KV cache in ``[0, NUM_FORMATS)``; ``gpus >= 0``;
+    ``tp, pp, micro_batch >= 1``; ``zero_stage`` in 0..3; ``recompute`` 0 or 1; ``pool`` a real
+    pool; and, when it has GPUs, ``tp`` dividing the attention and KV heads, ``tp * pp``
+    dividing ``gpus`` and ``pp`` at most the blocks (the rules :func:`validate_plan` raises on
+    before tracing). Absent tenants are always valid. The safe plan holds the idle plan for
+    every invalid or absent tenant (int32 throughout), so the physics downstream stay finite
+    whatever the input; the caller floors the reward of an invalid plan (IRD rule
+    ``invalid_plan``).
+    """
+    m, l = scenario.num_tenants, scenario.num_layers
+    idle = Plan.idle(m, l)
+    n_pools = scenario.cluster.gpu_count.shape[-1]
+
+    def integral(x, lo, hi):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+            xi = x.astype(jnp.int32)
+            return xi, (xi >= lo) & (xi <= hi)
+        xf = x.astype(jnp.float32)
+        ok = jnp.isfinite(xf) & (xf == jnp.round(xf)) & (xf >= lo) & (xf <= hi)
+        return jnp.where(ok, xf, lo).astype(jnp.int32), ok
+
+    big = 2**24
+    prec, ok_prec = integral(plan.precision, 0, F.NUM_FORMATS - 1)
+    ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
+    fields = {}
+    for name, lo, hi in (("gpus", 0, big), ("tp", 1, big), ("pp", 1, big),
+                         ("zero_stage", 0, 3), ("recompute", 0, 1),
+                         ("kv_precision", 0, F.NUM_FORMATS - 1), ("micro_batch", 1, big),
+                         ("pool", 0, n_pools - 1)):
+        fields[name], ok_f = integral(getattr(plan, name), lo, hi)
+        ok = ok & ok_f
+    models = scenario.models
+    tp = jnp.maximum(fields["tp"], 1)
+    pp = jnp.maximum(fields["pp"], 1)
+    has_gpus = fields["gpus"] > 0
+    structure = (scenario.cluster.valid[jnp.clip(fields["pool"], 0, n_pools - 1)]
+                 & (models.n_heads.astype(jnp.int32) % tp == 0)
+                 & (models.n_kv_heads.astype(jnp.int32) % tp == 0)
+                 & (fields["gpus"] % (tp * pp) == 0)
+                 & (pp <= models.n_blocks.astype(jnp.int32)))
+    valid = ~scenario.present | (ok & (structure | ~has_gpus))
+    keep = valid & scenario.present
+    safe = Plan(precision=jnp.where(keep[:, None], prec, idle.precision),
+                **{k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()})
+    return safe, valid
 
 
 # Menus: the values a random plan and the factorized plan space (agents/plan_space.py) choose

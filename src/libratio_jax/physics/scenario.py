@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from libratio_jax.physics import checks
 from libratio_jax.physics.architecture import (
     ModelSpec,
-    build_rows,
     catalog_models,
-    load_config_dict,
+    config_rows,
     pack_rows_host,
 )
 from libratio_jax.physics.hardware import ClusterSpec
@@ -72,13 +72,12 @@ class Workload:
         """A validated workload from readable values."""
         m = _choice(mode, MODES, "workload.mode")
         o = _choice(optimizer, OPTIMIZERS, "workload.optimizer")
-        for name, v in (("batch", batch), ("seq_len", seq_len)):
-            if int(v) != v or int(v) < 1:
-                raise ValueError(f"workload.{name} must be a positive integer, got {v!r}")
-        if not priority >= 0:
-            raise ValueError(f"workload.priority must be >= 0, got {priority!r}")
-        if not slo_tokens_per_second >= 0:
-            raise ValueError("workload.slo_tokens_per_second must be >= 0")
+        batch = checks.positive_int(batch, "workload.batch", checks.MAX_BATCH)
+        seq_len = checks.positive_int(seq_len, "workload.seq_len", checks.MAX_SEQ_LEN)
+        priority = checks.number(priority, "workload.priority", 0.0, checks.MAX_PRIORITY)
+        slo_tokens_per_second = checks.number(slo_tokens_per_second,
+                                              "workload.slo_tokens_per_second", 0.0,
+                                              checks.MAX_TOKENS_PER_SECOND)
         return cls(
             mode=jnp.int32(m), batch=jnp.float32(batch), seq_len=jnp.float32(seq_len),
             optimizer=jnp.int32(o), priority=jnp.float32(priority),
@@ -99,7 +98,16 @@ class Tenant:
 
     def workload_pytree(self) -> Workload:
         w = self.workload
-        return w if isinstance(w, Workload) else Workload.make(**w)
+        if isinstance(w, Workload):
+            return w
+        if not isinstance(w, dict):
+            raise ValueError(f"tenant workload must be a dict or a Workload, got "
+                             f"{type(w).__name__}")
+        unknown = set(w) - set(Workload.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"tenant workload: unknown fields {sorted(unknown)}; valid: "
+                             f"{', '.join(Workload.__dataclass_fields__)}")
+        return Workload.make(**w)
 
 
 @struct.dataclass
@@ -149,8 +157,11 @@ class Scenario:
         ``block_groups`` merges each model's blocks into that many segments
         (see :meth:`ModelSpec.from_hf_config`); default: one row per sub-layer per block.
         """
-        if not tenants:
-            raise ValueError("scenario: at least one tenant is required")
+        if not isinstance(cluster, ClusterSpec):
+            raise ValueError(f"scenario: cluster must be a ClusterSpec, got "
+                             f"{type(cluster).__name__}")
+        if isinstance(tenants, (str, bytes)) or not isinstance(tenants, Sequence) or not tenants:
+            raise ValueError("scenario: tenants must be a non-empty list of Tenant")
         built = []
         names = catalog_models()
         for i, t in enumerate(tenants):
@@ -158,14 +169,16 @@ class Scenario:
                 raise ValueError(f"tenants[{i}] must be a Tenant, got {type(t).__name__}")
             catalog = isinstance(t.model, str) and t.model in names
             rows, scalars, coarse = (_catalog_rows(t.model, block_groups) if catalog
-                                     else _rows(load_config_dict(t.model), block_groups))
+                                     else _rows(t.model, block_groups))
             mid = names.index(t.model) if catalog else -1
             built.append((rows, scalars, t.workload_pytree(), mid, coarse))
         n_rows = max(len(b[0]) for b in built)
-        cap_l = n_rows if max_layers is None else int(max_layers)
+        cap_l = n_rows if max_layers is None else checks.positive_int(
+            max_layers, "scenario: max_layers", 1 << 16)
         if cap_l < n_rows:
             raise ValueError(f"scenario: a model has {n_rows} rows, more than max_layers={cap_l}")
-        cap_m = len(built) if max_tenants is None else int(max_tenants)
+        cap_m = len(built) if max_tenants is None else checks.positive_int(
+            max_tenants, "scenario: max_tenants", 1024)
         if cap_m < len(built):
             raise ValueError(f"scenario: {len(built)} tenants exceed max_tenants={cap_m}")
         specs = [pack_rows_host(b[0], b[1], cap_l) for b in built]
@@ -188,15 +201,15 @@ class Scenario:
         return cls(cluster=cluster, **jax.device_put(host))
 
 
-def _rows(cfg: dict, block_groups: int | None):
-    """(rows, scalars, coarse rows and scalars) of a config."""
-    rows, scalars = build_rows(cfg, block_groups)
-    return rows, scalars, build_rows(cfg, 1)
+def _rows(source, block_groups: int | None):
+    """(rows, scalars, coarse rows and scalars) of a config source."""
+    rows, scalars = config_rows(source, block_groups)
+    return rows, scalars, config_rows(source, 1)
 
 
 @functools.lru_cache(maxsize=256)
 def _catalog_rows(name: str, block_groups: int | None):
-    return _rows(load_config_dict(name), block_groups)
+    return _rows(name, block_groups)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from libratio_jax.physics.kernel import evaluate_batch, evaluate_one
-from libratio_jax.physics.plan import Plan
+from libratio_jax.physics.plan import Plan, sanitize_plan
 from libratio_jax.rewards import compose, ird
 
 
@@ -42,9 +42,11 @@ def team_reward_from_metrics(metrics, scenario, plan, params, team_present=None)
 
 
 def team_reward_of(scenario, plan, params, team_present=None):
-    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan."""
+    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan (any
+    arrays: an out-of-domain plan fires ``invalid_plan`` and scores 0)."""
     metrics = evaluate_one(scenario, plan)
-    return (*team_reward_from_metrics(metrics, scenario, plan, params, team_present), metrics)
+    safe, _ = sanitize_plan(scenario, plan)
+    return (*team_reward_from_metrics(metrics, scenario, safe, params, team_present), metrics)
 
 
 def team_rewards(scenario, plans, params):
@@ -53,8 +55,9 @@ def team_rewards(scenario, plans, params):
     Uses :func:`~libratio_jax.physics.kernel.evaluate_batch` (chunked on CPU), so it is the
     fast path for large batches (search, policy rollouts)."""
     metrics = evaluate_batch(scenario, plans)
+    safe = jax.vmap(lambda p: sanitize_plan(scenario, p)[0])(plans)
     return jax.vmap(team_reward_from_metrics, in_axes=(0, None, 0, None))(
-        metrics, scenario, plans, params)
+        metrics, scenario, safe, params)
 
 
 def difference_rewards(scenario, plan, params, team=None):

@@ -13,7 +13,7 @@ Example:
     >>> plan = lj.Plan.from_choices(sc, [{"gpus": 2, "zero_stage": 3, "recompute": True}] * 4)
     >>> out = R.team()(sc, plan, R.RewardParams.make())
     >>> out.per_agent.shape, out.rules.shape
-    ((4,), (5,))
+    ((4,), (6,))
 """
 
 from __future__ import annotations

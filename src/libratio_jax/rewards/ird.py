@@ -11,6 +11,11 @@ Rules (``RULE_NAMES`` order):
 - ``out_of_memory``: a tenant with GPUs does not fit in memory.
 - ``overcommitted``: the tenants ask for more GPUs than a pool has, or more power than the cap.
 - ``diverges``: a tenant's numerics certainly diverge.
+- ``invalid_plan``: a present tenant's plan is out of its domain (negative or fractional GPUs,
+  a zero or negative ``tp``/``pp``/micro-batch, a ZeRO stage outside 0-3, a format or pool
+  id out of range, NaN, ``tp`` not dividing the heads, ...: ``physics.plan.sanitize_plan``).
+  Such a plan scores 0, below the floor and below every valid plan (whose rewards are >= 0),
+  so a policy can never gain by leaving the plan space.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ import jax.numpy as jnp
 from libratio_jax.physics import formats as F
 
 RULE_NAMES: tuple[str, ...] = ("all_lowest_precision", "starved", "out_of_memory",
-                               "overcommitted", "diverges")
+                               "overcommitted", "diverges", "invalid_plan")
+INVALID_PLAN = RULE_NAMES.index("invalid_plan")
+# What an invalid plan scores (below the floor: no valid plan scores less than 0).
+INVALID_PLAN_REWARD = 0.0
 NUM_RULES = len(RULE_NAMES)
 LOWEST_PRECISION_BITS = 4.5  # INT4, NF4, MXFP4, NVFP4
 
 
 def rules(metrics, scenario, plan):
-    """``[NUM_RULES]`` bools: which rules fire for this plan."""
+    """``[NUM_RULES]`` bools: which rules fire for this plan (``plan``: the sanitized plan the
+    metrics were computed on; ``metrics.plan_valid`` says which tenants' plans were not)."""
     present = scenario.present
     valid = scenario.models.valid
     bits = jnp.asarray(F.STORAGE_BITS, jnp.float32)[plan.precision]
@@ -38,12 +47,15 @@ def rules(metrics, scenario, plan):
         jnp.any(metrics.active & ~metrics.fits),
         metrics.overcommitted | metrics.power_over_cap,
         jnp.any(metrics.active & metrics.diverges),
+        jnp.any(present & ~metrics.plan_valid),
     ])
 
 
 def apply_floor(reward, fired, floor):
-    """``reward`` where no rule fired, else ``floor``."""
-    return jnp.where(jnp.any(fired), floor, reward)
+    """``reward`` where no rule fired, else ``floor`` (``INVALID_PLAN_REWARD`` when the plan is
+    invalid)."""
+    return jnp.where(fired[..., INVALID_PLAN], INVALID_PLAN_REWARD,
+                     jnp.where(jnp.any(fired, axis=-1), floor, reward))
 
 
 def rules_by_name(fired) -> dict:

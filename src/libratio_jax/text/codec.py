@@ -55,6 +55,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import orjson
 
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
@@ -66,10 +67,13 @@ from libratio_jax.physics.scenario import MODES
 NO_JSON, NOT_A_PLAN, INVALID, VALID = 0, 1, 2, 3
 STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 
-# Longest completion text searched (the tail is kept: answers come last) and the most JSON
-# decoding attempts per text; both bound the parser's time on adversarial input.
+# The parser's budget per completion: the longest text searched (the tail is kept: answers
+# come last), the most JSON candidates decoded, and the longest text a number or a name may
+# have. Every step is linear in the text (no backtracking regular expression, no rescans), so
+# a completion costs at most O(MAX_TEXT_CHARS) work whatever it holds.
 MAX_TEXT_CHARS = 32_768
-MAX_DECODE_ATTEMPTS = 256
+MAX_DECODE_ATTEMPTS = 64
+MAX_VALUE_CHARS = 64
 MAX_REASON_CHARS = 240
 
 _TENANT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
@@ -137,15 +141,12 @@ _GROUP_ALIASES = {
 _TRUE = {"true", "yes", "on", "1", "full", "enabled"}
 _FALSE = {"false", "no", "off", "0", "none", "disabled"}
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
-_THINK_START = re.compile(r"<think>", re.I)
-_THINK_END = re.compile(r"</think>", re.I)
-_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|$)", re.S)
+# Linear-time patterns only: no nested or adjacent overlapping repetitions.
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
-_INT_TEXT = re.compile(r"\s*[+-]?\d+(?:\.0*)?\s*")
-_TENANT_ID_TEXT = re.compile(r"\s*(?:tenant|t)?[\s_#-]*(\d+)\s*", re.I)
-_ZERO_TEXT = re.compile(r"\s*(?:zero)?[\s_-]*(?:stage)?[\s_-]*([0-3])\s*", re.I)
+_INT_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?")
+_STRUCTURE = re.compile(r'[{}\[\]"\\]')
+_SEPARATORS = " \t\r\n_-#"
 
 
 class _PlanError(ValueError):
@@ -372,36 +373,112 @@ def completion_text(completion: Any) -> str:
 
 
 def _strip_thinking(text: str) -> str:
-    """Drop reasoning: everything up to the last ``</think>``, then any ``<think>`` block
-    (an unfinished one runs to the end)."""
-    ends = [m.end() for m in _THINK_END.finditer(text)]
-    if ends:
-        text = text[ends[-1]:]
-    text = _THINK_BLOCK.sub("", text)
-    start = _THINK_START.search(text)
-    return text[:start.start()] if start else text
+    """Drop reasoning: everything up to the last ``</think>``, then an unfinished ``<think>``
+    block to the end (case-insensitive; linear)."""
+    low = text.lower()
+    end = low.rfind("</think>")
+    if end >= 0:
+        text, low = text[end + len("</think>"):], low[end + len("</think>"):]
+    start = low.find("<think>")
+    return text[:start] if start >= 0 else text
 
 
-def _decode_all(text: str, budget: list[int]) -> list[Any]:
-    """Every top-level JSON object or array in ``text``, in order (bounded attempts)."""
-    dec = json.JSONDecoder()
-    found = []
-    pos = 0
-    n = len(text)
-    while pos < n and budget[0] > 0:
-        starts = [j for j in (text.find("{", pos), text.find("[", pos)) if j >= 0]
-        if not starts:
+def _fenced_blocks(text: str) -> list[str]:
+    """The contents of Markdown code fences (an opening ```` ```lang ```` line, up to the next
+    fence or the end), in order; one pass."""
+    out = []
+    pos = text.find("```")
+    while pos >= 0:
+        line_end = text.find("\n", pos + 3)
+        if line_end < 0:
             break
-        j = min(starts)
-        budget[0] -= 1
-        try:
-            obj, end = dec.raw_decode(text, j)
-        except (ValueError, RecursionError):
-            pos = j + 1
+        if "`" in text[pos + 3:line_end]:  # not an opening fence line: move on
+            pos = text.find("```", pos + 3)
             continue
-        found.append(obj)
-        pos = end
-    return found
+        close = text.find("```", line_end + 1)
+        out.append(text[line_end + 1:] if close < 0 else text[line_end + 1:close])
+        if close < 0:
+            break
+        pos = text.find("```", close + 3)
+    return out
+
+
+def _json_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every top-level balanced ``{...}`` / ``[...]`` of ``text``, in order,
+    in one pass over its structural characters (strings are tracked inside brackets only, so a
+    stray quote in prose cannot hide the JSON; unmatched closers are skipped; an unclosed
+    opener is dropped and the scan resumes after it)."""
+    spans = []
+    stack: list[tuple[str, int]] = []
+    in_string = False
+    skip_until = -1
+    for m in _STRUCTURE.finditer(text):
+        i = m.start()
+        if i < skip_until:
+            continue
+        c = m.group()
+        if in_string:
+            if c == "\\":
+                skip_until = i + 2  # the escaped character
+            elif c == '"':
+                in_string = False
+            continue
+        if c == '"':
+            in_string = bool(stack)
+        elif c in "{[":
+            stack.append((c, i))
+        elif c in "}]" and stack:
+            if (stack[-1][0] == "{") == (c == "}"):
+                start = stack.pop()[1]
+                if not stack:
+                    spans.append((start, i + 1))
+            else:  # mismatched closer: drop the open brackets, start over from here
+                stack.clear()
+    return spans
+
+
+def _loads(text: str) -> tuple[bool, Any]:
+    """Strict JSON (orjson, C speed), then the same text with the lenient repairs."""
+    try:
+        return True, orjson.loads(text)
+    except (orjson.JSONDecodeError, RecursionError):
+        pass
+    repaired = _repair(text)
+    if repaired == text:
+        return False, None
+    try:
+        return True, orjson.loads(repaired)
+    except (orjson.JSONDecodeError, RecursionError):
+        return False, None
+
+
+def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
+    """``(the last plan-shaped JSON value of chunk or None, whether any JSON decoded)``:
+    the whole chunk first (the common case: a fence holding only the plan), then its top-level
+    bracketed spans from the last one back (the answer comes last), each decode costing one
+    unit of ``budget``. Spans without a quote cannot hold a plan's keys and cost nothing."""
+    stripped = chunk.strip()
+    found = False
+    if stripped[:1] in ("{", "[") and budget[0] > 0:
+        budget[0] -= 1
+        ok, obj = _loads(stripped)
+        if ok:
+            if _plan_shaped(obj):
+                return obj, True
+            found = True
+    for start, end in reversed(_json_spans(chunk)):
+        span = chunk[start:end]
+        if '"' not in span and "'" not in span:
+            continue
+        if budget[0] <= 0:
+            break
+        budget[0] -= 1
+        ok, obj = _loads(span)
+        if ok:
+            found = True
+            if _plan_shaped(obj):
+                return obj, True
+    return None, found
 
 
 def _repair(text: str) -> str:
@@ -432,34 +509,56 @@ def _plan_shaped(obj: Any) -> bool:
 
 def extract_json(text: Any) -> tuple[Any, int, str]:
     """``(value, stage, reason)``: the last plan-shaped JSON value of a completion's text
-    (``stage`` ``VALID`` when found, else ``NO_JSON`` or ``NOT_A_PLAN`` with a reason)."""
+    (``stage`` ``VALID`` when found, else ``NO_JSON`` or ``NOT_A_PLAN`` with a reason).
+    Linear in the text and bounded (``MAX_TEXT_CHARS``, ``MAX_DECODE_ATTEMPTS``)."""
     if not isinstance(text, str):
         return None, NO_JSON, "completion is not text"
+    cut = len(text) > MAX_TEXT_CHARS
     text = _strip_thinking(text[-MAX_TEXT_CHARS:])
     if not text.strip():
         return None, NO_JSON, "empty completion"
     budget = [MAX_DECODE_ATTEMPTS]
     found_json = False
     # Fenced blocks first (the last plan in a fence wins), then the whole text.
-    for chunks in ([m[1] for m in _FENCE.finditer(text)], [text]):
-        shaped = []
-        for chunk in chunks:
-            vals = _decode_all(_repair(chunk), budget)
-            found_json |= bool(vals)
-            shaped += [v for v in vals if _plan_shaped(v)]
-        if shaped:
-            return shaped[-1], VALID, ""
+    for chunks in (_fenced_blocks(text), [text]):
+        for chunk in reversed(chunks):
+            obj, found = _plan_values(chunk, budget)
+            found_json |= found
+            if obj is not None:
+                return obj, VALID, ""
+    note = ""
+    if budget[0] <= 0:
+        note = f" (stopped after {MAX_DECODE_ATTEMPTS} JSON candidates)"
+    elif cut:
+        note = f" (only the last {MAX_TEXT_CHARS} characters are read)"
     if found_json:
-        return None, NOT_A_PLAN, "JSON found, but not a plan (expected {\"tenants\": [...]})"
-    return None, NO_JSON, "no JSON value found"
+        return None, NOT_A_PLAN, ("JSON found, but not a plan (expected {\"tenants\": [...]})"
+                                  + note)
+    return None, NO_JSON, "no JSON value found" + note
 
 
-def _as_int(v: Any, field: str, pattern: re.Pattern = _INT_TEXT) -> int:
+def _digits(v: str, field: str, prefixes: tuple[str, ...] = ()) -> str:
+    """The number in a string such as ``"3"``, ``"tenant 2"`` or ``"ZeRO-3"`` (after any of
+    ``prefixes`` and separators), in linear time; _PlanError otherwise."""
+    s = v.strip().lower()
+    if len(s) > MAX_VALUE_CHARS:
+        raise _PlanError(f"{field}: a value of {len(v)} characters is not a number")
+    for p in prefixes:
+        if s.startswith(p):
+            s = s[len(p):].lstrip(_SEPARATORS)
+    m = _INT_TEXT.fullmatch(s.strip())
+    if not m:
+        raise _PlanError(f"{field} must be an integer, got {shorten(repr(v))}")
+    return m.group()
+
+
+_TENANT_PREFIXES = ("tenant", "t")
+_ZERO_PREFIXES = ("zero", "stage")
+
+
+def _as_int(v: Any, field: str, prefixes: tuple[str, ...] = ()) -> int:
     if isinstance(v, str):
-        m = pattern.fullmatch(v)
-        if not m:
-            raise _PlanError(f"{field} must be an integer, got {v!r}")
-        v = float(m[1] if m.groups() else m[0])
+        v = float(_digits(v, field, prefixes))
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
             float("inf"), float("-inf")) or int(v) != v:
         raise _PlanError(f"{field} must be an integer, got {v!r}")
@@ -551,11 +650,11 @@ def _tenant_choices(entries, n_slots: int, present: np.ndarray,
         if not isinstance(e, Mapping):
             raise _PlanError(f"{where} is not an object")
         ch: dict[str, Any] = {}
-        tid = None if key is None else _as_int(key, f"{where} key", _TENANT_ID_TEXT)
+        tid = None if key is None else _as_int(key, f"{where} key", _TENANT_PREFIXES)
         for k, v in e.items():
             nk = _norm_key(k)
             if nk in _ID_KEYS:
-                i = _as_int(v, f"{where} id", _TENANT_ID_TEXT)
+                i = _as_int(v, f"{where} id", _TENANT_PREFIXES)
                 if tid is not None and tid != i:
                     raise _PlanError(f"{where}: id {i} differs from its key {tid}")
                 tid = i
@@ -575,7 +674,7 @@ def _tenant_choices(entries, n_slots: int, present: np.ndarray,
             elif f == "recompute":
                 ch[f] = _as_bool(v, f"{where}.recompute")
             elif f == "zero_stage":
-                ch[f] = _as_int(v, f"{where}.zero_stage", _ZERO_TEXT)
+                ch[f] = _as_int(v, f"{where}.zero_stage", _ZERO_PREFIXES)
             else:
                 ch[f] = _as_int(v, f"{where}.{f}")
         if tid is None:

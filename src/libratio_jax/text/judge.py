@@ -148,12 +148,13 @@ class RewardEngine:
 
     def _scenario(self, recipe_json: Any):
         """``(host scenario, tables)`` of a recipe, or ``(None, reason)``."""
-        key = recipe_json if isinstance(recipe_json, str) else repr(recipe_json)
+        if not isinstance(recipe_json, str):
+            return None, (f"the scenario column must hold recipe JSON text, got "
+                          f"{type(recipe_json).__name__}")
+        key = recipe_json
         hit = self._cache.get(key)
         if hit is None:
             try:
-                if not isinstance(recipe_json, str):
-                    raise ValueError("the scenario column must hold recipe JSON text")
                 hit = self._entry_of(ScenarioRecipe.from_json(recipe_json).build(
                     self.capacity))
             except Exception as e:  # noqa: BLE001 - a bad row scores the penalty, with a reason
@@ -180,7 +181,7 @@ class RewardEngine:
         """The other tenants' fixed plan of an agent row (``None``: nobody else placed)."""
         if not isinstance(context, str) or not context:
             return None
-        key = ("context", repr(scenario_key), context)
+        key = ("context", scenario_key, context)
         if key not in self._cache:
             self._cache[key] = T.parse_plan(context, tables).plan
         return self._cache[key]
@@ -188,21 +189,45 @@ class RewardEngine:
     def judge(self, completions: Sequence[Any], scenario: Sequence[Any] | None = None,
               agent: Sequence[Any] | None = None,
               context_plan: Sequence[Any] | None = None) -> Judgement:
-        """Judge a batch (the columns are per completion; ``None``: not in the dataset)."""
+        """Judge a batch (the columns are per completion; ``None``: not in the dataset).
+
+        Each completion is judged on its own: whatever one completion or its row holds, the
+        others get what they would get alone. Setup errors raise ``ValueError`` naming the
+        column: no scenario at all, or a column whose length differs from the completions'.
+        """
+        completions = list(completions)
         n = len(completions)
-        if scenario is None and self.default is None:
-            raise ValueError(NO_SCENARIO)
-        key = (tuple(map(repr, completions)), None if scenario is None else tuple(scenario),
-               None if agent is None else tuple(agent),
-               None if context_plan is None else tuple(context_plan))
+        columns = self.check_columns(n, scenario, agent, context_plan)
+        texts = [_text_of(c) for c in completions]
+        key = (tuple(texts), *(None if col is None else tuple(_key_of(x) for x in col)
+                               for col in columns.values()))
         with self._lock:
             if self._last is not None and self._last[0] == key:
                 return self._last[1]
-            out = self._judge(completions, scenario, agent, context_plan, n)
+            out = self._judge(texts, scenario, agent, context_plan, n)
             self._last = (key, out)
             return out
 
-    def _judge(self, completions, scenario, agent, context_plan, n) -> Judgement:
+    def check_columns(self, n: int, scenario=None, agent=None, context_plan=None) -> dict:
+        """Raise ``ValueError`` naming the problem for a batch this engine cannot judge: no
+        scenario (no column and no default), or a column whose length is not ``n``."""
+        if scenario is None and self.default is None:
+            raise ValueError(NO_SCENARIO)
+        columns = {"scenario": scenario, "agent": agent, "context_plan": context_plan}
+        for name, col in columns.items():
+            if col is None:
+                continue
+            try:
+                size = len(col)
+            except TypeError:
+                raise ValueError(f"libratio reward: the {name!r} column is not a sequence "
+                                 f"({type(col).__name__})") from None
+            if size != n:
+                raise ValueError(f"libratio reward: the {name!r} column has {size} entries "
+                                 f"for {n} completions")
+        return columns
+
+    def _judge(self, texts, scenario, agent, context_plan, n) -> Judgement:
         t0 = time.perf_counter()
         if len(self.bank.slots) > self.bank.max_slots:
             self.bank.clear()
@@ -212,24 +237,30 @@ class RewardEngine:
         scenario_slot = np.zeros(n, np.int32)
         plans: list[Plan | None] = [None] * n
         for b in range(n):
-            key = _DEFAULT if scenario is None else scenario[b]
-            host, tables = self.default if scenario is None else self._scenario(key)
-            if host is None:
-                stage[b], reasons[b] = T.NO_JSON, tables
-                continue
-            a = agent[b] if agent is not None else -1
-            a = int(a) if isinstance(a, (int, np.integer)) and 0 <= a < len(
-                tables.present) else -1
-            agents[b] = a
-            base = self._context(key, tables, context_plan[b]) if (
-                a >= 0 and context_plan is not None) else None
-            parsed = T.parse_plan(T.completion_text(completions[b]), tables,
-                                  agent=a if a >= 0 else None, base_plan=base)
-            stage[b], reasons[b] = parsed.stage, parsed.reason
-            if parsed.valid:
-                scenario_slot[b] = self.bank.slot(key if isinstance(key, str) else repr(key),
-                                                  host)
-                plans[b] = parsed.plan
+            try:
+                key = _DEFAULT if scenario is None else scenario[b]
+                host, tables = self.default if scenario is None else self._scenario(key)
+                if host is None:
+                    stage[b], reasons[b] = T.NO_JSON, T.shorten(tables)
+                    continue
+                if texts[b] is None:
+                    stage[b], reasons[b] = T.NO_JSON, "completion is not text"
+                    continue
+                a = agent[b] if agent is not None else -1
+                a = int(a) if (isinstance(a, (int, np.integer)) and not isinstance(a, bool)
+                               and 0 <= a < len(tables.present)) else -1
+                agents[b] = a
+                base = self._context(key, tables, context_plan[b]) if (
+                    a >= 0 and context_plan is not None) else None
+                parsed = T.parse_plan(texts[b], tables, agent=a if a >= 0 else None,
+                                      base_plan=base)
+                stage[b], reasons[b] = parsed.stage, parsed.reason
+                if parsed.valid:
+                    scenario_slot[b] = self.bank.slot(key, host)
+                    plans[b] = parsed.plan
+            except Exception as e:  # noqa: BLE001 - one bad row never spoils its batch
+                stage[b], reasons[b] = T.NO_JSON, T.shorten(f"cannot judge this row: {e!r}")
+                plans[b] = None
         parse_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         valid = stage == T.VALID
@@ -250,3 +281,25 @@ class RewardEngine:
             d_agent = np.take_along_axis(dd[:k], np.maximum(a, 0)[:, None], axis=1)[:, 0]
             diff[idx] = np.where(a >= 0, d_agent, gg[:k])
         return Judgement(stage, reasons, g, rules, diff, parse_s, time.perf_counter() - t0)
+
+
+def _text_of(completion: Any) -> str | None:
+    """The completion's text (``codec.completion_text``), or None when it is not text; never
+    calls ``repr`` or anything else an arbitrary object could make expensive."""
+    try:
+        if isinstance(completion, str):
+            return completion
+        if isinstance(completion, (list, tuple, dict)):
+            return T.completion_text(completion)
+    except Exception:  # noqa: BLE001 - a hostile object is a format failure, for it alone
+        return None
+    return None
+
+
+def _key_of(value: Any) -> Any:
+    """A cheap, safe cache key for one column entry (text and integers as they are)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, np.integer):
+        return int(value)
+    return ("<object>", type(value).__name__)  # judged alike: not text, not an agent id

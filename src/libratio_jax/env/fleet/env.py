@@ -39,7 +39,7 @@ from flax import struct
 from libratio_jax.env.base import Environment
 from libratio_jax.env.spaces import Box, TreeSpace
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.plan import Plan, random_valid_plan
+from libratio_jax.physics.plan import Plan, random_valid_plan, sanitize_plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity, Scenario
 from libratio_jax.rewards import compose, ird
 from libratio_jax.rewards import functions as reward_functions
@@ -152,10 +152,13 @@ class FleetEnv(Environment):
         """``(obs, state, reward[M], terminated, truncated, info)`` for one planning round."""
         sc = state.scenario
         out = self.reward_fn(sc, action, params.reward)
-        info = self._info(out.team, out.rules, out.utility, out.metrics, sc, action)
+        # Any action arrays are accepted: the state keeps the sanitized plan (int32, in its
+        # domain), so no out-of-domain value ever reaches the state (IRD rule invalid_plan).
+        safe, _ = sanitize_plan(sc, action)
+        info = self._info(out.team, out.rules, out.utility, out.metrics, sc, safe)
         new_sc, temps = self._evolve(key, state, out.metrics, params)
         t = state.t + 1
-        new = state.replace(scenario=new_sc, temperature_celsius=temps, last_plan=action, t=t,
+        new = state.replace(scenario=new_sc, temperature_celsius=temps, last_plan=safe, t=t,
                             info=info)
         truncated = t >= params.max_steps
         return (self._observation(new, out.metrics), new, out.per_agent.astype(jnp.float32),

@@ -1,0 +1,66 @@
+"""Checks of user-entered values, run on the host before any tracing: each returns the value
+as a plain Python number or raises ``ValueError`` naming the field (never ``TypeError``,
+``OverflowError`` or a NumPy error). One home for "what counts as an integer / a number / a
+boolean" at every entry point (workloads, clusters, plans' readable choices, estimates).
+
+    >>> positive_int(8.0, "batch"), strict_bool("false", "recompute")
+    (8, False)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# Documented caps on sizes (far above real jobs; beyond them a value is an input error).
+MAX_BATCH = 1 << 20  # sequences
+MAX_SEQ_LEN = 1 << 21  # tokens
+MAX_GPUS = 1 << 16
+MAX_PRIORITY = 1e6
+MAX_TOKENS_PER_SECOND = 1e15
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def integer(value: Any, field: str, lo: int, hi: int) -> int:
+    """An int (or an integral float) in ``[lo, hi]``; not a bool, a string or NaN."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{field} must be an integer, got {value!r}")
+    if isinstance(value, (float, np.floating)) and not (math.isfinite(value)
+                                                        and float(value).is_integer()):
+        raise ValueError(f"{field} must be an integer, got {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{field} = {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def positive_int(value: Any, field: str, hi: int = MAX_GPUS) -> int:
+    """An integer in ``[1, hi]``."""
+    return integer(value, field, 1, hi)
+
+
+def number(value: Any, field: str, lo: float, hi: float) -> float:
+    """A finite real number in ``[lo, hi]``; not a bool or a string."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{field} must be a number, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"{field} = {value!r} is outside [{lo:g}, {hi:g}]")
+    return v
+
+
+def strict_bool(value: Any, field: str) -> bool:
+    """True/False, 0/1, or the words true/false, yes/no, on/off ("false" is False)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and int(value) in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{field} must be true or false, got {value!r}")

@@ -1,0 +1,222 @@
+"""Hostile input is normal input: the plan parser runs in linear time within a fixed budget, and
+one completion (or its row) never changes another completion's reward."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libratio_jax.integrations import trl as hf
+from libratio_jax.scenarios import preset, preset_recipe
+from libratio_jax.text import codec as T
+
+SC = preset("small_fleet")
+RECIPE = preset_recipe("small_fleet").to_json()
+PLAN = '{"tenants": [{"id": 0, "gpus": 2, "zero_stage": 3}, {"id": 1, "gpus": 2}]}'
+
+# name -> text of about n characters (each a shape that was, or could be, super-linear)
+ADVERSARIAL = {
+    "zero_stage_spaces": lambda n: ('{"tenants":[{"id":0,"gpus":1,"zero_stage":"' + " " * n
+                                    + 'x"}]}'),
+    "tenant_id_spaces": lambda n: '{"tenants":[{"id":"' + " " * n + 'x","gpus":1}]}',
+    "think_tags": lambda n: "<think>" * (n // 7),
+    "open_braces": lambda n: "{" * n,
+    "open_brackets": lambda n: "[" * n,
+    "nested_objects": lambda n: '{"a":' * (n // 5),
+    "quotes": lambda n: '"' * n,
+    "fences": lambda n: "```" * (n // 3),
+    "json_fences": lambda n: "```json\n{" * (n // 9),
+    "brace_quote": lambda n: '{"' * (n // 2),
+    "many_small_objects": lambda n: '{"x": 1} ' * (n // 9),
+    "trailing_commas": lambda n: "[" + "1," * (n // 2) + " " * 10,
+    "python_literals": lambda n: "{'a': " + "True, " * (n // 6),
+    "escapes": lambda n: '{"a": "' + "\\" * n,
+    "long_number": lambda n: '{"tenants":[{"id":0,"gpus":' + "9" * n + "}]}",
+}
+
+
+def _seconds(fn, repeats=5):
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_parser_is_linear_on_adversarial_input(name):
+    """32 KB costs at most ~linearly more than 1 KB (per character within 8x; a quadratic
+    parser would be ~32x worse), and the verdict is a stage with a reason, never an error."""
+    make = ADVERSARIAL[name]
+    small, large = make(1024), make(32 * 1024)
+    r = T.parse_plan(large, SC)
+    assert r.stage in (T.NO_JSON, T.NOT_A_PLAN, T.INVALID) and r.reason
+    t_small = _seconds(lambda: [T.parse_plan(small, SC) for _ in range(32)])
+    t_large = _seconds(lambda: T.parse_plan(large, SC))
+    assert t_large <= 8 * t_small + 0.005, (name, t_small / 32, t_large)
+
+
+def test_plan_after_many_snippets_of_prose_is_found():
+    prose = "".join(f"Consider ['option {i}'] and {{'note': {i}}}. " for i in range(400))
+    r = T.parse_plan(prose + "\nFinal answer:\n" + PLAN, SC)
+    assert r.valid, r.reason
+    # the budget bounds the work; what it stopped on is said
+    r = T.parse_plan(PLAN + prose, SC)
+    assert not r.valid and "stopped after" in r.reason
+
+
+def test_budget_and_limits_are_reported():
+    r = T.parse_plan("x" * (T.MAX_TEXT_CHARS + 10), SC)
+    assert r.stage == T.NO_JSON and "last" in r.reason
+    long_id = '{"tenants":[{"id":"' + "1" * 100 + '","gpus":1}]}'
+    assert "characters" in T.parse_plan(long_id, SC).reason
+
+
+@pytest.mark.parametrize("text", ["zero-3", "ZeRO stage 3", "stage_3", " 3 ", "3"])
+def test_zero_stage_spellings_still_parse(text):
+    r = T.parse_plan('{"tenants":[{"id":0,"gpus":2,"zero_stage":"' + text
+                     + '"},{"id":1}]}', SC)
+    assert r.valid and int(r.plan.zero_stage[0]) == 3
+
+
+@settings(max_examples=300, deadline=500,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.text(alphabet=st.sampled_from(list('{}[]",:\\ \n`<>/thinkTF01ue\'')), max_size=4000))
+def test_parser_never_raises_and_stays_fast_on_structural_noise(text):
+    r = T.parse_plan(text, SC)
+    assert r.stage in (T.NO_JSON, T.NOT_A_PLAN, T.INVALID, T.VALID)
+    assert isinstance(r.reason, str) and len(r.reason) <= T.MAX_REASON_CHARS
+
+
+class _RecursiveRepr:
+    def __repr__(self):
+        return repr(self)
+
+
+class _Explodes:
+    def __eq__(self, other):
+        raise RuntimeError("no comparing me")
+
+    __hash__ = object.__hash__
+
+    def __len__(self):
+        raise RuntimeError("no len")
+
+
+HOSTILE = [None, 42, b"{}", _RecursiveRepr(), _Explodes(), {"role": "assistant"},
+           [{"role": "assistant", "content": _Explodes()}], "x" * 40_000,
+           "{" * 20_000, [{"content": PLAN, "role": "user"}]]
+
+
+def test_one_bad_completion_never_changes_another():
+    physics, fmt, credit = hf.make_reward_funcs(credit=True)
+    alone = [f(None, [PLAN], scenario=[RECIPE]) for f in (physics, fmt, credit)]
+    for bad in HOSTILE:
+        batch = [PLAN, bad, PLAN]
+        for f, ref in zip((physics, fmt, credit), alone, strict=True):
+            out = f(None, batch, scenario=[RECIPE] * 3)
+            assert out[0] == out[2] == ref[0], type(bad)
+            assert out[1] == (0.0 if f is fmt else hf.DEFAULT_FORMAT_PENALTY)
+
+
+def test_a_bad_row_never_changes_another_row():
+    physics, _ = hf.make_reward_funcs()
+    ref = physics(None, [PLAN], scenario=[RECIPE])[0]
+    for bad_row in (None, 7, _RecursiveRepr(), "{not a recipe", '{"pools": 1}'):
+        out = physics(None, [PLAN, PLAN], scenario=[bad_row, RECIPE])
+        assert out == [hf.DEFAULT_FORMAT_PENALTY, ref]
+    out = physics(None, [PLAN, PLAN], scenario=[RECIPE, RECIPE], agent=[True, _Explodes()])
+    assert out == [ref, ref]  # agent ids that are not integers: joint rows
+
+
+def test_setup_errors_name_the_column():
+    physics, _ = hf.make_reward_funcs()
+    with pytest.raises(ValueError, match="'scenario' column has 1 entries for 2"):
+        physics(None, [PLAN, PLAN], scenario=[RECIPE])
+    with pytest.raises(ValueError, match="'scenario' column has 3 entries for 2"):
+        physics(None, [PLAN, PLAN], scenario=[RECIPE] * 3)
+    with pytest.raises(ValueError, match="'agent' column"):
+        physics(None, [PLAN], scenario=[RECIPE], agent=[0, 1])
+    with pytest.raises(ValueError, match="no 'scenario' column"):
+        physics(None, [PLAN])
+    assert physics(None, [], scenario=[]) == []  # an empty batch: no NaN, no error
+
+
+# ---- plans out of their domain, inside jit -------------------------------------------------
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import libratio_jax as lj  # noqa: E402
+from libratio_jax.agents.policies import greedy_plan  # noqa: E402
+from libratio_jax.physics.plan import sample_plans, sanitize_plan  # noqa: E402
+
+# field -> garbage for tenant 0 (the values a policy on raw arrays was seen to exploit, and more)
+GARBAGE = [("kv_precision", -7), ("kv_precision", 99), ("pool", -3), ("pool", 5), ("tp", 0),
+           ("tp", -2), ("tp", 3), ("pp", 0), ("pp", 1000), ("micro_batch", 0),
+           ("micro_batch", -1), ("zero_stage", 9), ("zero_stage", -1), ("recompute", 7),
+           ("gpus", -2), ("gpus", 2.5), ("gpus", np.nan), ("gpus", np.inf), ("tp", 2.0001),
+           ("precision", -1), ("precision", 12), ("precision", np.nan)]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    env, params = lj.make("Fleet-v0", bank_size=4)
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    step = jax.jit(env.step)
+    return env, params, state, step
+
+
+def _spoil(plan, field, value):
+    """The plan as float32 arrays (one compiled step serves every case) with tenant 0's
+    ``field`` set to ``value``."""
+    arrays = {k: np.asarray(v).astype(np.float32) for k, v in vars(plan).items()}
+    if field == "precision":
+        arrays[field][0, :3] = value
+    else:
+        arrays[field][0] = value
+    return plan.replace(**{k: jnp.asarray(v) for k, v in arrays.items()})
+
+
+@pytest.mark.parametrize("field,value", GARBAGE)
+def test_out_of_domain_plans_are_invalid_and_never_pay(fleet, field, value):
+    env, params, state, step = fleet
+    good = greedy_plan(state.scenario)
+    _, _, r_good, *_ = step(jax.random.PRNGKey(1), state, good, params)
+    bad = _spoil(good, field, value)
+    obs, new_state, r_bad, _, _, info = step(jax.random.PRNGKey(1), state, bad, params)
+    assert not bool(info["valid"]) and bool(info["ird_rules"]["invalid_plan"])
+    assert not bool(info["metrics"].plan_valid[0])
+    assert np.all(np.asarray(r_bad) <= np.asarray(r_good))
+    assert float(info["team_reward"]) == 0.0
+    # nothing out of the domain reaches the state (no NaN; the only infinity is a scenario's
+    # "no power cap"), the observation is finite, and later steps stay finite
+    assert np.all(np.isfinite(np.asarray(obs)))
+    for leaf in jax.tree.leaves(new_state):
+        assert not np.any(np.isnan(np.asarray(leaf, np.float64)))
+    np.testing.assert_array_equal(np.asarray(new_state.last_plan.gpus[0]), 0)
+    _, _, r_next, *_ = step(jax.random.PRNGKey(2), new_state, good, params)
+    assert np.all(np.isfinite(np.asarray(r_next)))
+
+
+def test_valid_plans_pass_sanitization_unchanged():
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 64, seed=3)
+    safe, valid = jax.vmap(lambda p: sanitize_plan(sc, p))(plans)
+    assert np.asarray(valid).all()
+    for a, b in zip(jax.tree.leaves(safe), jax.tree.leaves(plans), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_evaluate_rejects_non_integer_arrays_before_jit():
+    sc = lj.reference_scenario(block_groups=1)
+    plan = jax.tree.map(lambda x: x[0], sample_plans(sc, 1, seed=0))
+    for field in ("gpus", "pool", "kv_precision", "precision"):
+        bad = plan.replace(**{field: getattr(plan, field).astype(jnp.float32)})
+        with pytest.raises(ValueError, match=field):
+            lj.evaluate(sc, bad)
