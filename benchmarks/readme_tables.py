@@ -63,11 +63,22 @@ def env_throughput() -> str:
 def reward_latency() -> str:
     rows = []
     for r in _load(BENCH, "reward_latency_cpu.json") or []:
+        if r["benchmark"] != "reward_latency":
+            continue
         rows.append((f"{r['completions']:,}", "yes" if r["credit"] else "no",
                      f"{1e3 * r['parse_seconds']:.1f} ms ({r['parse_ms_per_completion']:.2f} ms"
                      " each)", f"{1e3 * r['evaluate_seconds']:.1f} ms",
                      f"{1e3 * r['total_seconds']:.1f} ms"))
     return _table(("completions", "difference credit", "parse", "evaluate", "total"), rows)
+
+
+def reward_adversarial() -> str:
+    rows = [(f"{r['completion_chars']:,}", r["shapes"], f"{r['median_ms']:.2f} ms",
+             f"{r['worst_ms']:.2f} ms (`{r['worst_shape']}`)")
+            for r in _load(BENCH, "reward_latency_cpu.json") or []
+            if r["benchmark"] == "reward_latency_adversarial"]
+    return _table(("completion", "adversarial shapes", "median reward call",
+                   "worst reward call"), rows)
 
 
 def evaluate_throughput() -> str:
@@ -146,7 +157,7 @@ def greedy_policy() -> str:
 
 
 TABLES = {f.__name__.replace("_", "-"): f for f in (
-    env_throughput, reward_latency, evaluate_throughput, baselines, jax_grpo,
+    env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy)}
 
 

@@ -31,6 +31,7 @@ from common import add_output_args, save_records  # noqa: E402
 from libratio_jax.agents.policies import random_valid_plan  # noqa: E402
 from libratio_jax.integrations import trl as hf  # noqa: E402
 from libratio_jax.scenarios import ScenarioRecipe  # noqa: E402
+from libratio_jax.testing.adversarial import SHAPES  # noqa: E402
 from libratio_jax.text import codec as T  # noqa: E402
 
 _SAMPLE = jax.jit(random_valid_plan)
@@ -95,8 +96,31 @@ def main(argv=None) -> list[dict]:
             }
             print(json.dumps(rec), flush=True)
             records.append(rec)
+    records.append(adversarial(rows[0]["scenario"], args.repeats))
+    print(json.dumps(records[-1]), flush=True)
     save_records("reward_latency", records, args.out, args.save_results)
     return records
+
+
+def adversarial(recipe: str, repeats: int, chars: int = 32 * 1024) -> dict:
+    """One reward call on one adversarial completion of ``chars`` characters, per shape of
+    ``libratio_jax.testing.adversarial`` (best of ``repeats``): the worst is what one hostile
+    completion can add to a training step."""
+    physics = hf.make_reward_funcs()[0]
+    times = {}
+    for name, make in SHAPES.items():
+        text = make(chars)
+        best = float("inf")
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            physics(None, [text + " " * (r % 2)], scenario=[recipe])  # defeat the batch cache
+            best = min(best, time.perf_counter() - t0)
+        times[name] = best
+    worst = max(times, key=times.get)
+    return {"benchmark": "reward_latency_adversarial", "device_kind": jax.devices()[0].device_kind,
+            "completion_chars": chars, "shapes": len(times), "worst_shape": worst,
+            "worst_ms": round(1e3 * times[worst], 3),
+            "median_ms": round(1e3 * statistics.median(times.values()), 3)}
 
 
 if __name__ == "__main__":

@@ -11,31 +11,14 @@ from hypothesis import strategies as st
 
 from libratio_jax.integrations import trl as hf
 from libratio_jax.scenarios import preset, preset_recipe
+from libratio_jax.testing.adversarial import SHAPES
 from libratio_jax.text import codec as T
 
 SC = preset("small_fleet")
 RECIPE = preset_recipe("small_fleet").to_json()
 PLAN = '{"tenants": [{"id": 0, "gpus": 2, "zero_stage": 3}, {"id": 1, "gpus": 2}]}'
 
-# name -> text of about n characters (each a shape that was, or could be, super-linear)
-ADVERSARIAL = {
-    "zero_stage_spaces": lambda n: ('{"tenants":[{"id":0,"gpus":1,"zero_stage":"' + " " * n
-                                    + 'x"}]}'),
-    "tenant_id_spaces": lambda n: '{"tenants":[{"id":"' + " " * n + 'x","gpus":1}]}',
-    "think_tags": lambda n: "<think>" * (n // 7),
-    "open_braces": lambda n: "{" * n,
-    "open_brackets": lambda n: "[" * n,
-    "nested_objects": lambda n: '{"a":' * (n // 5),
-    "quotes": lambda n: '"' * n,
-    "fences": lambda n: "```" * (n // 3),
-    "json_fences": lambda n: "```json\n{" * (n // 9),
-    "brace_quote": lambda n: '{"' * (n // 2),
-    "many_small_objects": lambda n: '{"x": 1} ' * (n // 9),
-    "trailing_commas": lambda n: "[" + "1," * (n // 2) + " " * 10,
-    "python_literals": lambda n: "{'a': " + "True, " * (n // 6),
-    "escapes": lambda n: '{"a": "' + "\\" * n,
-    "long_number": lambda n: '{"tenants":[{"id":0,"gpus":' + "9" * n + "}]}",
-}
+ADVERSARIAL = SHAPES
 
 
 def _seconds(fn, repeats=5):
@@ -67,6 +50,15 @@ def test_plan_after_many_snippets_of_prose_is_found():
     # the budget bounds the work; what it stopped on is said
     r = T.parse_plan(PLAN + prose, SC)
     assert not r.valid and "stopped after" in r.reason
+
+
+@pytest.mark.parametrize("before", [
+    "Use {curly braces or [brackets in prose, then: ",
+    'He said "hi {there". ', "Mismatched { ] brackets. ", "Unclosed string [\"abc ",
+])
+def test_prose_with_stray_brackets_and_quotes_does_not_hide_the_plan(before):
+    r = T.parse_plan(before + PLAN, SC)
+    assert r.valid, (before, r.reason)
 
 
 def test_budget_and_limits_are_reported():

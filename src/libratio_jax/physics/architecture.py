@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from libratio_jax.physics import checks
 from libratio_jax.physics import formats as F
 
 # Row kinds . Order defines ids; append only.
@@ -253,13 +254,7 @@ def _int_field(cfg: dict, name: str, lo: int, hi: int, default: Any = None) -> i
         if default is None:
             raise ValueError(f"config: {name} is missing")
         v = default
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or (
-            isinstance(v, (float, np.floating)) and not float(v).is_integer()):
-        raise ValueError(f"config: {name} must be an integer, got {v!r}")
-    v = int(v)
-    if not lo <= v <= hi:
-        raise ValueError(f"config: {name} = {v} is outside [{lo}, {hi}]")
-    return v
+    return checks.integer(v, f"config: {name}", lo, hi)
 
 
 def _bool_field(cfg: dict, name: str, default: bool = False) -> bool:

@@ -74,6 +74,7 @@ STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 MAX_TEXT_CHARS = 32_768
 MAX_DECODE_ATTEMPTS = 64
 MAX_VALUE_CHARS = 64
+_FALLBACK_OPENERS = 16  # openers tried back from the last closing bracket (see _plan_values)
 MAX_REASON_CHARS = 240
 
 _TENANT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
@@ -145,7 +146,10 @@ _FALSE = {"false", "no", "off", "0", "none", "disabled"}
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _INT_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?")
-_STRUCTURE = re.compile(r'[{}\[\]"\\]')
+_OPENER = re.compile(r"[{\[]")
+# Inside brackets: skip strings (whole, escapes included) and other text up to the next
+# bracket, which group 1 captures ('' at the end). Deterministic: linear.
+_INSIDE_BRACKETS = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^{}\[\]"])*([{}\[\]]|$)', re.S)
 _SEPARATORS = " \t\r\n_-#"
 
 
@@ -405,36 +409,37 @@ def _fenced_blocks(text: str) -> list[str]:
 
 def _json_spans(text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of every top-level balanced ``{...}`` / ``[...]`` of ``text``, in order,
-    in one pass over its structural characters (strings are tracked inside brackets only, so a
-    stray quote in prose cannot hide the JSON; unmatched closers are skipped; an unclosed
-    opener is dropped and the scan resumes after it)."""
-    spans = []
+    in one pass: regular-expression searches skip prose to the next opener and, inside
+    brackets, take each JSON string as one token (so a stray quote in prose cannot hide the
+    JSON, and brackets inside strings do not count). Openers left unclosed, or dropped by a
+    mismatched closer, do not hide what they enclose: spans directly inside them count as top
+    level."""
+    spans = []  # (start, end, depth, position of the innermost enclosing opener)
     stack: list[tuple[str, int]] = []
-    in_string = False
-    skip_until = -1
-    for m in _STRUCTURE.finditer(text):
-        i = m.start()
-        if i < skip_until:
+    dropped: set[int] = set()
+    pos, n = 0, len(text)
+    while pos < n:
+        if not stack:
+            m = _OPENER.search(text, pos)
+            if m is None:
+                break
+            stack.append((m.group(), m.start()))
+            pos = m.end()
             continue
-        c = m.group()
-        if in_string:
-            if c == "\\":
-                skip_until = i + 2  # the escaped character
-            elif c == '"':
-                in_string = False
-            continue
-        if c == '"':
-            in_string = bool(stack)
-        elif c in "{[":
-            stack.append((c, i))
-        elif c in "}]" and stack:
-            if (stack[-1][0] == "{") == (c == "}"):
-                start = stack.pop()[1]
-                if not stack:
-                    spans.append((start, i + 1))
-            else:  # mismatched closer: drop the open brackets, start over from here
-                stack.clear()
-    return spans
+        t = _INSIDE_BRACKETS.match(text, pos)
+        tok, pos = t.group(1), t.end()
+        if not tok:
+            break
+        if tok in "{[":
+            stack.append((tok, pos - 1))
+        elif (stack[-1][0] == "{") == (tok == "}"):
+            start = stack.pop()[1]
+            spans.append((start, pos, len(stack), stack[-1][1] if stack else -1))
+        else:  # a mismatched closer: drop the open brackets
+            dropped.update(p for _, p in stack)
+            stack.clear()
+    dropped.update(p for _, p in stack)
+    return [(s, e) for s, e, depth, inner in spans if depth == 0 or inner in dropped]
 
 
 def _loads(text: str) -> tuple[bool, Any]:
@@ -466,6 +471,8 @@ def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
             if _plan_shaped(obj):
                 return obj, True
             found = True
+    if '"' not in chunk and "'" not in chunk:
+        return None, found  # no keys anywhere: no plan (and nothing to scan)
     for start, end in reversed(_json_spans(chunk)):
         span = chunk[start:end]
         if '"' not in span and "'" not in span:
@@ -478,6 +485,26 @@ def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
             found = True
             if _plan_shaped(obj):
                 return obj, True
+    # Prose whose quotes or brackets confused the scan (an unclosed string before the JSON):
+    # the answer usually ends at the last closing bracket, so try the text from each of the
+    # last few openers up to there (a bounded number of linear attempts).
+    if budget[0] <= 0:
+        return None, found
+    text = _repair(chunk)  # once, then strict decodes of its slices
+    last = max(text.rfind("}"), text.rfind("]")) + 1
+    pos = last
+    for _ in range(_FALLBACK_OPENERS):
+        pos = max(text.rfind("{", 0, pos), text.rfind("[", 0, pos))
+        if pos < 0 or budget[0] <= 0:
+            break
+        budget[0] -= 1
+        try:
+            obj = orjson.loads(text[pos:last])
+        except (orjson.JSONDecodeError, RecursionError):
+            continue
+        found = True
+        if _plan_shaped(obj):
+            return obj, True
     return None, found
 
 
