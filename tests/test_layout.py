@@ -81,3 +81,20 @@ def test_import_from_the_folder_that_holds_a_clone_named_like_the_package(tmp_pa
     assert out.returncode == 0, out.stderr[-2000:]
     name, path = out.stdout.split()
     assert name == "ClusterSpec" and path.endswith(os.path.join("libratio_jax", "__init__.py"))
+
+
+def test_package_metadata_license_typing_changelog():
+    """The license pyproject declares is shipped, the package is marked typed (PEP 561) and
+    the changelog names the current version's changes."""
+    from importlib import resources
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    import libratio_jax
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert meta["license"] == "Apache-2.0" and "LICENSE" in meta["license-files"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert resources.files("libratio_jax").joinpath("py.typed").is_file()
+    assert meta["version"] == libratio_jax.__version__
+    assert "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")

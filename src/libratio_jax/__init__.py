@@ -23,7 +23,7 @@ from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one
 from libratio_jax.physics.plan import Plan, validate_plan
 from libratio_jax.physics.scenario import Scenario, Tenant, Workload, reference_scenario
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FORMAT_NAMES",
