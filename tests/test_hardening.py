@@ -212,3 +212,22 @@ def test_evaluate_rejects_non_integer_arrays_before_jit():
         bad = plan.replace(**{field: getattr(plan, field).astype(jnp.float32)})
         with pytest.raises(ValueError, match=field):
             lj.evaluate(sc, bad)
+
+
+def test_domain_rules_agree_with_validate_plan(fleet):
+    """A tenant with no GPUs is starved, not invalid, whatever its degrees (as validate_plan
+    says before tracing); the same degrees with GPUs are invalid in both."""
+    from libratio_jax.physics.plan import validate_plan
+
+    env, params, state, step = fleet
+    good = greedy_plan(state.scenario)
+    idle = good.replace(gpus=good.gpus.at[0].set(0), tp=good.tp.at[0].set(0))
+    validate_plan(state.scenario, idle)  # accepted
+    _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, idle, params)
+    assert bool(info["metrics"].plan_valid[0]) and bool(info["ird_rules"]["starved"])
+    assert float(info["team_reward"]) == pytest.approx(0.01)
+    busy = good.replace(gpus=good.gpus.at[0].set(2), tp=good.tp.at[0].set(0))
+    with pytest.raises(ValueError, match="tp"):
+        validate_plan(state.scenario, busy)
+    _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, busy, params)
+    assert not bool(info["metrics"].plan_valid[0])

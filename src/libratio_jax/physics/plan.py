@@ -313,10 +313,11 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
 
     A present tenant's plan is valid when every field is a finite integer in its domain:
     formats of valid rows and the KV cache in ``[0, NUM_FORMATS)``; ``gpus >= 0``;
-    ``tp, pp, micro_batch >= 1``; ``zero_stage`` in 0..3; ``recompute`` 0 or 1; ``pool`` a real
-    pool; and, when it has GPUs, ``tp`` dividing the attention and KV heads, ``tp * pp``
-    dividing ``gpus`` and ``pp`` at most the blocks (the rules :func:`validate_plan` raises on
-    before tracing). Absent tenants are always valid. The safe plan holds the idle plan for
+    ``zero_stage`` in 0..3; ``recompute`` 0 or 1; ``pool`` a real pool; and, when it has GPUs,
+    ``tp, pp, micro_batch >= 1``, ``tp`` dividing the attention and KV heads, ``tp * pp``
+    dividing ``gpus`` and ``pp`` at most the blocks: the rules :func:`validate_plan` raises on
+    before tracing (except a pool's size: asking for more GPUs than a pool has is the
+    ``overcommitted`` outcome here). Absent tenants are always valid. The safe plan holds the idle plan for
     every invalid or absent tenant (int32 throughout), so the physics downstream stay finite
     whatever the input; the caller floors the reward of an invalid plan (IRD rule
     ``invalid_plan``).
@@ -338,17 +339,19 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     prec, ok_prec = integral(plan.precision, 0, F.NUM_FORMATS - 1)
     ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
     fields = {}
-    for name, lo, hi in (("gpus", 0, big), ("tp", 1, big), ("pp", 1, big),
-                         ("zero_stage", 0, 3), ("recompute", 0, 1),
-                         ("kv_precision", 0, F.NUM_FORMATS - 1), ("micro_batch", 1, big),
-                         ("pool", 0, n_pools - 1)):
+    for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
+                         ("kv_precision", 0, F.NUM_FORMATS - 1), ("pool", 0, n_pools - 1)):
         fields[name], ok_f = integral(getattr(plan, name), lo, hi)
         ok = ok & ok_f
-    models = scenario.models
-    tp = jnp.maximum(fields["tp"], 1)
-    pp = jnp.maximum(fields["pp"], 1)
     has_gpus = fields["gpus"] > 0
-    structure = (scenario.cluster.valid[jnp.clip(fields["pool"], 0, n_pools - 1)]
+    degrees_ok = jnp.bool_(True)
+    for name in ("tp", "pp", "micro_batch"):  # only used (and checked) when it has GPUs
+        value, ok_f = integral(getattr(plan, name), 1, big)
+        fields[name] = jnp.maximum(value, 1)
+        degrees_ok = degrees_ok & ok_f
+    models = scenario.models
+    tp, pp = fields["tp"], fields["pp"]
+    structure = (degrees_ok & scenario.cluster.valid[fields["pool"]]
                  & (models.n_heads.astype(jnp.int32) % tp == 0)
                  & (models.n_kv_heads.astype(jnp.int32) % tp == 0)
                  & (fields["gpus"] % (tp * pp) == 0)
