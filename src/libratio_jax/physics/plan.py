@@ -317,9 +317,9 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     ``tp, pp, micro_batch >= 1``, ``tp`` dividing the attention and KV heads, ``tp * pp``
     dividing ``gpus`` and ``pp`` at most the blocks: the rules :func:`validate_plan` raises on
     before tracing (except a pool's size: asking for more GPUs than a pool has is the
-    ``overcommitted`` outcome here). Absent tenants are always valid. The safe plan holds the idle plan for
-    every invalid or absent tenant (int32 throughout), so the physics downstream stay finite
-    whatever the input; the caller floors the reward of an invalid plan (IRD rule
+    ``overcommitted`` outcome here). Absent tenants are always valid. The safe plan holds the
+    idle plan for every invalid or absent tenant (int32 throughout), so the physics downstream
+    stay finite whatever the input; the caller floors the reward of an invalid plan (IRD rule
     ``invalid_plan``).
     """
     m, l = scenario.num_tenants, scenario.num_layers
