@@ -259,7 +259,11 @@ def validate_plan(scenario, plan: Plan) -> None:
         if not (np.issubdtype(x.dtype, np.integer)
                 or (name == "recompute" and x.dtype == np.bool_)):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
-        vals[name] = np.broadcast_to(x, batch + (m,)).reshape(-1, m).astype(np.int64)
+        vals[name] = x
+    if not batch:  # one plan: the same rules on Python ints (a few µs instead of ~70)
+        _validate_one(scenario, {k: v.tolist() for k, v in vals.items()})
+        return
+    vals = {k: v.reshape(-1, m).astype(np.int64) for k, v in vals.items()}
     kv = vals["kv_precision"]
     if kv.size and (kv.min() < 0 or kv.max() >= F.NUM_FORMATS):
         raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
@@ -306,6 +310,51 @@ def validate_plan(scenario, plan: Plan) -> None:
                 f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
                 f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})"
             )
+
+
+def _validate_one(scenario, v: dict[str, list[int]]) -> None:
+    """:func:`validate_plan`'s rules for one plan (``v``: field -> per-tenant ints), with the
+    same messages (``plan 0``)."""
+    present = np.asarray(scenario.present).tolist()
+    heads = np.asarray(scenario.models.n_heads).astype(np.int64).tolist()
+    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(np.int64).tolist()
+    n_blocks = np.asarray(scenario.models.n_blocks).astype(np.int64).tolist()
+    pool_count = np.asarray(scenario.cluster.gpu_count).tolist()
+    pool_valid = np.asarray(scenario.cluster.valid).tolist()
+    n_pools = len(pool_count)
+    if any(not 0 <= k < F.NUM_FORMATS for k in v["kv_precision"]):
+        raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
+    if any(g < 0 for g in v["gpus"]):
+        raise ValueError("plan.gpus must be >= 0")
+    for field in ("tp", "pp", "micro_batch"):
+        for i, (x, g) in enumerate(zip(v[field], v["gpus"], strict=True)):
+            if x < 1 and g > 0:
+                raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan 0)")
+    for i in range(len(present)):
+        if not present[i]:
+            continue
+        if not 0 <= v["zero_stage"][i] <= 3:
+            raise ValueError(f"plan tenant {i} (plan 0): zero_stage must be 0, 1, 2 or 3")
+        if not 0 <= v["pool"][i] < n_pools:
+            raise ValueError(f"plan tenant {i} (plan 0): pool is not a cluster pool")
+    for i in range(len(present)):
+        g = v["gpus"][i]
+        if not (present[i] and g > 0):
+            continue
+        pool = min(max(v["pool"][i], 0), n_pools - 1)
+        tp, pp = max(v["tp"][i], 1), max(v["pp"][i], 1)
+        for bad, msg, field in (
+                (not pool_valid[pool], "pool is padding, not a real pool", "pool"),
+                (g > pool_count[pool], "asks for more GPUs than its pool has", "gpus"),
+                (g % (tp * pp) != 0, "tp * pp must divide gpus", "tp"),
+                (heads[i] % tp != 0 or kv_heads[i] % tp != 0,
+                 "tp must divide the attention and KV heads", "tp"),
+                (pp > n_blocks[i], "pp exceeds the model's blocks", "pp")):
+            if bad:
+                raise ValueError(
+                    f"plan.{field}[{i}] (plan 0): tenant {i} {msg} "
+                    f"(gpus={g}, tp={tp}, pp={pp}, pool={pool}, "
+                    f"pool gpus={pool_count[pool]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
 
 
 def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
