@@ -90,3 +90,33 @@ def test_workload_validation():
     with pytest.raises(ValueError, match="max_tenants"):
         lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant("tiny-llama")] * 3,
                           max_tenants=2)
+
+
+def test_single_plan_validation_matches_the_batched_rules():
+    """validate_plan checks one plan on Python ints (fast path) and batches with NumPy: the
+    same verdict and message on randomly spoiled plans."""
+    import jax
+
+    from libratio_jax.physics.plan import validate_plan
+
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 200, seed=4)
+    rng = np.random.default_rng(0)
+
+    def verdict(p):
+        try:
+            validate_plan(sc, p)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    errors = 0
+    for b in range(200):
+        p = jax.tree.map(lambda x, b=b: np.array(x[b]), plans)
+        field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
+                            "kv_precision"])
+        getattr(p, field)[rng.integers(4)] = rng.integers(-2, 40)
+        one = verdict(p)
+        assert one == verdict(jax.tree.map(lambda x: x[None], p))
+        errors += one is not None
+    assert 50 < errors < 200  # both verdicts were exercised
