@@ -226,8 +226,41 @@ def test_domain_rules_agree_with_validate_plan(fleet):
     _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, idle, params)
     assert bool(info["metrics"].plan_valid[0]) and bool(info["ird_rules"]["starved"])
     assert float(info["team_reward"]) == pytest.approx(0.01)
-    busy = good.replace(gpus=good.gpus.at[0].set(2), tp=good.tp.at[0].set(0))
-    with pytest.raises(ValueError, match="tp"):
-        validate_plan(state.scenario, busy)
-    _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, busy, params)
-    assert not bool(info["metrics"].plan_valid[0])
+    for field, value, match in (("tp", 0, "tp"), ("recompute", 7, "recompute"),
+                                ("zero_stage", 9, "zero_stage")):
+        busy = good.replace(**{"gpus": good.gpus.at[0].set(2),
+                               field: getattr(good, field).at[0].set(value)})
+        with pytest.raises(ValueError, match=match):
+            validate_plan(state.scenario, busy)
+        _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, busy, params)
+        assert not bool(info["metrics"].plan_valid[0])
+
+
+def test_think_tags_and_unicode_case_folding():
+    """Characters whose lower case is longer ("İ") before the tag do not shift the cut."""
+    for prefix in ("İ" * 30, "ẞ" * 7 + "ǅ" * 9, ""):
+        r = T.parse_plan(prefix + "<THINK>" + PLAN.replace("2", "4") + "</Think>" + PLAN, SC)
+        assert r.valid and r.plan.gpus.tolist()[:2] == [2, 2], prefix
+
+
+def test_fences_cost_one_pass():
+    text = "```" * 10_900 + "\n"
+    small = "```" * 340 + "\n"
+    assert _seconds(lambda: T.parse_plan(text, SC)) <= 8 * 32 * _seconds(
+        lambda: T.parse_plan(small, SC)) + 0.005
+
+
+def test_reward_functions_pickle_and_agent_ids_by_type():
+    import pickle
+
+    physics, fmt, credit = hf.make_reward_funcs(credit=True)
+    again = pickle.loads(pickle.dumps(physics))
+    assert again(None, [PLAN], scenario=[RECIPE]) == physics(None, [PLAN], scenario=[RECIPE])
+    context = T.render_plan(SC, T.parse_plan(PLAN, SC).plan)
+    as_int = credit(None, [PLAN], scenario=[RECIPE], agent=[1], context_plan=[context])
+    as_float = credit(None, [PLAN], scenario=[RECIPE], agent=[1.0], context_plan=[context])
+    fresh = hf.make_reward_funcs(credit=True)[2]
+    assert as_float == fresh(None, [PLAN], scenario=[RECIPE], agent=[1.0],
+                             context_plan=[context])
+    assert as_int == hf.make_reward_funcs(credit=True)[2](
+        None, [PLAN], scenario=[RECIPE], agent=[1], context_plan=[context])

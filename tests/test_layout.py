@@ -43,6 +43,7 @@ def test_nothing_points_outside_the_repository():
 @pytest.mark.parametrize("old,new,name", [
     ("libratio_jax.rewards.text", "libratio_jax.text.codec", "parse_plan"),
     ("libratio_jax.rewards.hf", "libratio_jax.integrations.trl", "make_reward_funcs"),
+    ("libratio_jax.rewards.hf", "libratio_jax.text.judge", "ScenarioBank"),
     ("libratio_jax.rewards.grpo", "libratio_jax.agents.grpo", "group_advantages"),
     ("libratio_jax.env.scenarios", "libratio_jax.scenarios", "Generator"),
     ("libratio_jax.env.policies", "libratio_jax.agents.policies", "greedy_plan"),

@@ -113,9 +113,10 @@ def test_single_plan_validation_matches_the_batched_rules():
     errors = 0
     for b in range(200):
         p = jax.tree.map(lambda x, b=b: np.array(x[b]), plans)
-        field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
-                            "kv_precision"])
-        getattr(p, field)[rng.integers(4)] = rng.integers(-2, 40)
+        for _ in range(rng.integers(1, 3)):  # one or two spoiled fields, any tenants
+            field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
+                                "kv_precision", "recompute"])
+            getattr(p, field)[rng.integers(4)] = rng.integers(-2, 40)
         one = verdict(p)
         assert one == verdict(jax.tree.map(lambda x: x[None], p))
         errors += one is not None

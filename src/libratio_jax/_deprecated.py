@@ -8,15 +8,18 @@ import importlib
 import warnings
 
 
-def moved(old: str, new: str):
-    """A module ``__getattr__`` for the alias ``old`` of module ``new``."""
+def moved(old: str, new: str, *more: str):
+    """A module ``__getattr__`` for the alias ``old`` of module ``new`` (names not found there
+    are looked up in ``more``, the other modules the old one was split into)."""
 
     def __getattr__(name: str):
-        target = importlib.import_module(new)
-        if name.startswith("__") or not hasattr(target, name):
-            raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        warnings.warn(f"{old} moved to {new}; the old path is removed in 0.3",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(target, name)
+        if not name.startswith("__"):
+            for target in (new, *more):
+                module = importlib.import_module(target)
+                if hasattr(module, name):
+                    warnings.warn(f"{old} moved to {target}; the old path is removed in 0.3",
+                                  DeprecationWarning, stacklevel=2)
+                    return getattr(module, name)
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
 
     return __getattr__

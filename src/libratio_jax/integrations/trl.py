@@ -30,8 +30,8 @@ Rewards (one float per completion, always):
 
 Reward functions never raise on model output: an unparsable or invalid completion gets the
 penalty and the batch goes on (``libratio_jax.text.codec`` documents the parser). The only
-error is a setup error, raised on the first call: no ``scenario`` column and no
-``scenario=`` given to the factory.
+errors are setup errors (``ValueError`` naming the column): no ``scenario`` column and no
+``scenario=`` given to the factory, or a column whose length differs from the completions'.
 
 Example:
     >>> rows = build_dataset(2, seed=0, difficulty="easy")

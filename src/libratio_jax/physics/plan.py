@@ -73,7 +73,8 @@ class Plan:
     def idle(cls, num_tenants: int, num_layers: int, xp=jnp) -> Plan:
         """The plan that places nobody: every row and the KV cache in BF16, zero GPUs, degrees
         and micro-batch 1, ZeRO 0, no recomputation, pool 0 (``xp=numpy`` for host arrays).
-        These are also the defaults of every field of :meth:`from_choices`."""
+        These are also :meth:`from_choices`' defaults, except ``gpus`` (1 for a present
+        tenant there)."""
         def full(value):  # a fresh array per field (host arrays are written in place)
             return xp.full(num_tenants, value, xp.int32)
 
@@ -283,6 +284,7 @@ def validate_plan(scenario, plan: Plan) -> None:
             raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan {b})")
     checks = [
         ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
+        ((vals["recompute"] < 0) | (vals["recompute"] > 1), "recompute must be 0 or 1"),
         ((vals["pool"] < 0) | (vals["pool"] >= len(pool_count)), "pool is not a cluster pool"),
     ]
     for bad, msg in checks:
@@ -330,31 +332,34 @@ def _validate_one(scenario, v: dict[str, list[int]]) -> None:
         for i, (x, g) in enumerate(zip(v[field], v["gpus"], strict=True)):
             if x < 1 and g > 0:
                 raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan 0)")
-    for i in range(len(present)):
-        if not present[i]:
-            continue
-        if not 0 <= v["zero_stage"][i] <= 3:
-            raise ValueError(f"plan tenant {i} (plan 0): zero_stage must be 0, 1, 2 or 3")
-        if not 0 <= v["pool"][i] < n_pools:
-            raise ValueError(f"plan tenant {i} (plan 0): pool is not a cluster pool")
-    for i in range(len(present)):
-        g = v["gpus"][i]
-        if not (present[i] and g > 0):
-            continue
-        pool = min(max(v["pool"][i], 0), n_pools - 1)
-        tp, pp = max(v["tp"][i], 1), max(v["pp"][i], 1)
-        for bad, msg, field in (
-                (not pool_valid[pool], "pool is padding, not a real pool", "pool"),
-                (g > pool_count[pool], "asks for more GPUs than its pool has", "gpus"),
-                (g % (tp * pp) != 0, "tp * pp must divide gpus", "tp"),
-                (heads[i] % tp != 0 or kv_heads[i] % tp != 0,
-                 "tp must divide the attention and KV heads", "tp"),
-                (pp > n_blocks[i], "pp exceeds the model's blocks", "pp")):
-            if bad:
+    tenants = range(len(present))
+    # rule by rule, then tenant by tenant: the batched path's order, so the same message
+    for bad, msg in ((lambda i: not 0 <= v["zero_stage"][i] <= 3,
+                      "zero_stage must be 0, 1, 2 or 3"),
+                     (lambda i: not 0 <= v["recompute"][i] <= 1, "recompute must be 0 or 1"),
+                     (lambda i: not 0 <= v["pool"][i] < n_pools, "pool is not a cluster pool")):
+        for i in tenants:
+            if present[i] and bad(i):
+                raise ValueError(f"plan tenant {i} (plan 0): {msg}")
+    g = v["gpus"]
+    pool = [min(max(p, 0), n_pools - 1) for p in v["pool"]]
+    tp = [max(x, 1) for x in v["tp"]]
+    pp = [max(x, 1) for x in v["pp"]]
+    for bad, msg, field in (
+            (lambda i: not pool_valid[pool[i]], "pool is padding, not a real pool", "pool"),
+            (lambda i: g[i] > pool_count[pool[i]], "asks for more GPUs than its pool has",
+             "gpus"),
+            (lambda i: g[i] % (tp[i] * pp[i]) != 0, "tp * pp must divide gpus", "tp"),
+            (lambda i: heads[i] % tp[i] != 0 or kv_heads[i] % tp[i] != 0,
+             "tp must divide the attention and KV heads", "tp"),
+            (lambda i: pp[i] > n_blocks[i], "pp exceeds the model's blocks", "pp")):
+        for i in tenants:
+            if present[i] and g[i] > 0 and bad(i):
                 raise ValueError(
                     f"plan.{field}[{i}] (plan 0): tenant {i} {msg} "
-                    f"(gpus={g}, tp={tp}, pp={pp}, pool={pool}, "
-                    f"pool gpus={pool_count[pool]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
+                    f"(gpus={g[i]}, tp={tp[i]}, pp={pp[i]}, pool={pool[i]}, "
+                    f"pool gpus={pool_count[pool[i]]}, heads={heads[i]}, "
+                    f"kv_heads={kv_heads[i]})")
 
 
 def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
@@ -378,8 +383,8 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     def integral(x, lo, hi):
         x = jnp.asarray(x)
         if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
-            xi = x.astype(jnp.int32)
-            return xi, (xi >= lo) & (xi <= hi)
+            ok = (x >= lo) & (x <= hi)  # in the input's own width (no wrap-around first)
+            return jnp.where(ok, x, lo).astype(jnp.int32), ok
         xf = x.astype(jnp.float32)
         ok = jnp.isfinite(xf) & (xf == jnp.round(xf)) & (xf >= lo) & (xf <= hi)
         return jnp.where(ok, xf, lo).astype(jnp.int32), ok

@@ -2,4 +2,5 @@
 
 from libratio_jax._deprecated import moved
 
-__getattr__ = moved(__name__, "libratio_jax.integrations.trl")
+__getattr__ = moved(__name__, "libratio_jax.integrations.trl", "libratio_jax.text.judge",
+                    "libratio_jax.text.prompts")

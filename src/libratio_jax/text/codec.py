@@ -146,6 +146,8 @@ _FALSE = {"false", "no", "off", "0", "none", "disabled"}
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _INT_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?")
+_THINK_START = re.compile(re.escape("<think>"), re.I)
+_THINK_END = re.compile(re.escape("</think>"), re.I)
 _OPENER = re.compile(r"[{\[]")
 # Inside brackets: skip strings (whole, escapes included) and other text up to the next
 # bracket, which group 1 captures ('' at the end). Deterministic: linear.
@@ -379,12 +381,13 @@ def completion_text(completion: Any) -> str:
 def _strip_thinking(text: str) -> str:
     """Drop reasoning: everything up to the last ``</think>``, then an unfinished ``<think>``
     block to the end (case-insensitive; linear)."""
-    low = text.lower()
-    end = low.rfind("</think>")
-    if end >= 0:
-        text, low = text[end + len("</think>"):], low[end + len("</think>"):]
-    start = low.find("<think>")
-    return text[:start] if start >= 0 else text
+    last = None
+    for last in _THINK_END.finditer(text):  # noqa: B007 - the last match is wanted (linear)
+        continue
+    if last is not None:
+        text = text[last.end():]
+    start = _THINK_START.search(text)
+    return text[:start.start()] if start else text
 
 
 def _fenced_blocks(text: str) -> list[str]:
@@ -392,11 +395,13 @@ def _fenced_blocks(text: str) -> list[str]:
     fence or the end), in order; one pass."""
     out = []
     pos = text.find("```")
+    line_end = -1
     while pos >= 0:
-        line_end = text.find("\n", pos + 3)
-        if line_end < 0:
-            break
-        if "`" in text[pos + 3:line_end]:  # not an opening fence line: move on
+        if line_end < pos:  # the end of the line this fence is on (found once per line)
+            line_end = text.find("\n", pos + 3)
+            if line_end < 0:
+                break
+        if text.find("`", pos + 3, line_end) >= 0:  # not an opening fence line: move on
             pos = text.find("```", pos + 3)
             continue
         close = text.find("```", line_end + 1)
@@ -519,9 +524,16 @@ def _repair(text: str) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=4096)
 def _norm_key(k: Any) -> str:
-    return "_".join(str(k).strip().lower().replace("-", " ").split())
+    """A key lower-cased with ``-``/spaces as ``_`` (short keys cached; long ones are model
+    junk and are not kept)."""
+    return _norm_key_cached(k) if isinstance(k, str) and len(k) <= MAX_VALUE_CHARS else (
+        "_".join(str(k).strip().lower().replace("-", " ").split()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm_key_cached(k: str) -> str:
+    return "_".join(k.strip().lower().replace("-", " ").split())
 
 
 def _plan_shaped(obj: Any) -> bool:
@@ -604,8 +616,14 @@ def _as_bool(v: Any, field: str) -> bool:
     raise _PlanError(f"{field} must be true or false, got {v!r}")
 
 
-@functools.lru_cache(maxsize=1024)
 def _format_or_none(v: str | int) -> int | None:
+    if isinstance(v, str) and len(v) > MAX_VALUE_CHARS:
+        return None  # no format name is that long (and junk is not cached)
+    return _format_cached(v)
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_cached(v: str | int) -> int | None:
     try:
         return F.format_id(v)
     except ValueError:

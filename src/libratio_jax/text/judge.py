@@ -141,6 +141,19 @@ class RewardEngine:
         # variants run in worker threads): the caches and the bank are guarded.
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """Pickled without the lock and the device copies (reward functions are pickled by
+        multiprocessing data loaders); they are made again on load."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_last"] = None
+        state["bank"] = ScenarioBank(self.bank.initial, self.bank.max_slots)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @staticmethod
     def _entry_of(scenario):
         host = jax.tree.map(np.asarray, scenario)
@@ -184,6 +197,8 @@ class RewardEngine:
         key = ("context", scenario_key, context)
         if key not in self._cache:
             self._cache[key] = T.parse_plan(context, tables).plan
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return self._cache[key]
 
     def judge(self, completions: Sequence[Any], scenario: Sequence[Any] | None = None,
@@ -298,8 +313,8 @@ def _text_of(completion: Any) -> str | None:
 
 def _key_of(value: Any) -> Any:
     """A cheap, safe cache key for one column entry (text and integers as they are)."""
+    if isinstance(value, np.integer) and not isinstance(value, np.bool_):
+        return ("int", int(value))  # judged as the int it equals
     if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, np.integer):
-        return int(value)
+        return (type(value).__name__, value)  # 1, 1.0 and True are judged differently
     return ("<object>", type(value).__name__)  # judged alike: not text, not an agent id
