@@ -129,7 +129,12 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
     Any plan arrays are accepted (floats, NaN, out-of-domain values): a tenant whose plan is
     out of its domain is evaluated as idle and reported in ``plan_valid`` (see
     :func:`~libratio_jax.physics.plan.sanitize_plan`); every metric stays finite."""
-    plan, plan_valid = sanitize_plan(scenario, plan)
+    return evaluate_sanitized(scenario, *sanitize_plan(scenario, plan))
+
+
+def evaluate_sanitized(scenario: Scenario, plan: Plan, plan_valid) -> Metrics:
+    """:func:`evaluate_one` of a plan already through ``sanitize_plan`` (``plan_valid[M]`` its
+    verdict): for callers that need the sanitized plan too, so it is computed once."""
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
     pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
@@ -164,14 +169,19 @@ CPU_CHUNK = 4096
 
 
 def evaluate_batch(scenario: Scenario, plan: Plan) -> Metrics:
-    """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``.
+    """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``:
+    :func:`map_plans` of :func:`evaluate_one`."""
+    return map_plans(lambda p: evaluate_one(scenario, p), plan)
 
-    ``vmap`` of :func:`evaluate_one`; on CPU, batches larger than ``CPU_CHUNK`` run as a
-    ``lax.map`` over chunks (padded with copies of the first plan, then cut)."""
-    fn = jax.vmap(evaluate_one, in_axes=(None, 0))
+
+def map_plans(fn, plan: Plan):
+    """``vmap`` of ``fn(one plan)`` over plans ``[B, ...]``; on CPU, batches larger than
+    ``CPU_CHUNK`` run as a ``lax.map`` over chunks (padded with copies of the first plan, then
+    cut). The batching every per-plan physics function uses."""
+    fn = jax.vmap(fn)
     b = plan.gpus.shape[0]
     if jax.default_backend() != "cpu" or b <= CPU_CHUNK:
-        return fn(scenario, plan)
+        return fn(plan)
     n = -(-b // CPU_CHUNK)
     pad = n * CPU_CHUNK - b
 
@@ -180,7 +190,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan) -> Metrics:
             x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad,) + x.shape[1:])])
         return x.reshape((n, CPU_CHUNK) + x.shape[1:])
 
-    out = jax.lax.map(lambda p: fn(scenario, p), jax.tree.map(chunk, plan))
+    out = jax.lax.map(fn, jax.tree.map(chunk, plan))
     return jax.tree.map(lambda x: x.reshape((n * CPU_CHUNK,) + x.shape[2:])[:b], out)
 
 

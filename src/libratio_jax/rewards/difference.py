@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from libratio_jax.physics.kernel import evaluate_batch, evaluate_one
+from libratio_jax.physics.kernel import evaluate_sanitized, map_plans
 from libratio_jax.physics.plan import Plan, sanitize_plan
 from libratio_jax.rewards import compose, ird
 
@@ -41,23 +41,28 @@ def team_reward_from_metrics(metrics, scenario, plan, params, team_present=None)
     return g, fired, u
 
 
+def judge_plan(scenario, plan, params, team_present=None):
+    """``(G with the IRD floor applied, rules fired, utilities, metrics, sanitized plan)`` of
+    one plan (any arrays: an out-of-domain plan fires ``invalid_plan`` and scores 0). The plan
+    is sanitized once; rewards and rules read the sanitized plan."""
+    safe, valid = sanitize_plan(scenario, plan)
+    metrics = evaluate_sanitized(scenario, safe, valid)
+    return (*team_reward_from_metrics(metrics, scenario, safe, params, team_present), metrics,
+            safe)
+
+
 def team_reward_of(scenario, plan, params, team_present=None):
-    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan (any
-    arrays: an out-of-domain plan fires ``invalid_plan`` and scores 0)."""
-    metrics = evaluate_one(scenario, plan)
-    safe, _ = sanitize_plan(scenario, plan)
-    return (*team_reward_from_metrics(metrics, scenario, safe, params, team_present), metrics)
+    """``(G with the IRD floor applied, rules fired, utilities, metrics)`` of one plan
+    (:func:`judge_plan` without the sanitized plan)."""
+    return judge_plan(scenario, plan, params, team_present)[:4]
 
 
 def team_rewards(scenario, plans, params):
     """``(G [B], rules fired [B, R], utilities [B, M])`` of plans ``[B, ...]`` on one scenario.
 
-    Uses :func:`~libratio_jax.physics.kernel.evaluate_batch` (chunked on CPU), so it is the
+    Uses :func:`~libratio_jax.physics.kernel.map_plans` (chunked on CPU), so it is the
     fast path for large batches (search, policy rollouts)."""
-    metrics = evaluate_batch(scenario, plans)
-    safe = jax.vmap(lambda p: sanitize_plan(scenario, p)[0])(plans)
-    return jax.vmap(team_reward_from_metrics, in_axes=(0, None, 0, None))(
-        metrics, scenario, safe, params)
+    return map_plans(lambda p: judge_plan(scenario, p, params)[:3], plans)
 
 
 def difference_rewards(scenario, plan, params, team=None):

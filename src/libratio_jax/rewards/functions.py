@@ -37,6 +37,7 @@ class Rewards:
     rules: jnp.ndarray  # [R] bool, ird.RULE_NAMES order
     utility: jnp.ndarray  # [M] in [0, 1]
     metrics: object  # the physics' Metrics of the plan
+    plan: object  # the plan as judged (physics.plan.sanitize_plan: in its domain, int32)
 
 
 RewardFn = Callable[..., Rewards]
@@ -46,9 +47,9 @@ def team() -> RewardFn:
     """Every present agent gets the team reward ``G``."""
 
     def reward_fn(scenario, plan, params: RewardParams) -> Rewards:
-        g, fired, utility, metrics = D.team_reward_of(scenario, plan, params)
+        g, fired, utility, metrics, safe = D.judge_plan(scenario, plan, params)
         return Rewards(jnp.where(scenario.present, g, 0.0).astype(jnp.float32), g, fired,
-                       utility, metrics)
+                       utility, metrics, safe)
 
     return reward_fn
 
@@ -58,9 +59,9 @@ def difference() -> RewardFn:
     evaluations per step, batched)."""
 
     def reward_fn(scenario, plan, params: RewardParams) -> Rewards:
-        g, fired, utility, metrics = D.team_reward_of(scenario, plan, params)
+        g, fired, utility, metrics, safe = D.judge_plan(scenario, plan, params)
         d = D.difference_rewards(scenario, plan, params, team=g)
-        return Rewards(d.astype(jnp.float32), g, fired, utility, metrics)
+        return Rewards(d.astype(jnp.float32), g, fired, utility, metrics, safe)
 
     return reward_fn
 
@@ -69,10 +70,10 @@ def local() -> RewardFn:
     """Agent ``i`` gets its own utility (the IRD floor when any rule fires)."""
 
     def reward_fn(scenario, plan, params: RewardParams) -> Rewards:
-        g, fired, utility, metrics = D.team_reward_of(scenario, plan, params)
+        g, fired, utility, metrics, safe = D.judge_plan(scenario, plan, params)
         own = ird.apply_floor(utility, fired, params.ird_floor)
         return Rewards(jnp.where(scenario.present, own, 0.0).astype(jnp.float32), g, fired,
-                       utility, metrics)
+                       utility, metrics, safe)
 
     return reward_fn
 

@@ -39,7 +39,7 @@ from flax import struct
 from libratio_jax.env.base import Environment
 from libratio_jax.env.spaces import Box, TreeSpace
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.plan import Plan, random_valid_plan, sanitize_plan
+from libratio_jax.physics.plan import Plan, random_valid_plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity, Scenario
 from libratio_jax.rewards import compose, ird
 from libratio_jax.rewards import functions as reward_functions
@@ -152,9 +152,9 @@ class FleetEnv(Environment):
         """``(obs, state, reward[M], terminated, truncated, info)`` for one planning round."""
         sc = state.scenario
         out = self.reward_fn(sc, action, params.reward)
-        # Any action arrays are accepted: the state keeps the sanitized plan (int32, in its
-        # domain), so no out-of-domain value ever reaches the state (IRD rule invalid_plan).
-        safe, _ = sanitize_plan(sc, action)
+        # Any action arrays are accepted: the state keeps the plan as judged (sanitized: int32,
+        # in its domain), so no out-of-domain value ever reaches the state (IRD invalid_plan).
+        safe = out.plan
         info = self._info(out.team, out.rules, out.utility, out.metrics, sc, safe)
         new_sc, temps = self._evolve(key, state, out.metrics, params)
         t = state.t + 1
