@@ -12,7 +12,6 @@ tracing; inside ``jit`` the physics stay finite for any integer inputs (``dp`` i
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -153,11 +152,7 @@ _INT_LIMIT = 2**24
 
 
 def _int(v: Any, field: str) -> int:
-    if not _is_integral(v):
-        raise ValueError(f"plan: {field} must be an integer, got {v!r}")
-    if abs(int(v)) > _INT_LIMIT:
-        raise ValueError(f"plan: {field} = {v!r} is out of range")
-    return int(v)
+    return checks.integer(v, f"plan: {field}", -_INT_LIMIT, _INT_LIMIT)
 
 
 def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: np.ndarray,
@@ -193,26 +188,17 @@ def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: 
 
     apply({k: v for k, v in spec.items() if k in LAYER_GROUPS}, np.ones_like(kinds, bool), "")
     for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
-        b = _index(b, f"{field}: block")
+        b = checks.integer(b, f"{field}: block", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= b <= blocks.max()):
             raise ValueError(f"{field}: block {b!r} out of range")
         apply(groups if isinstance(groups, Mapping) else {"default": groups},
               blocks == b, f"blocks[{b}]")
     for r, v in _mapping(spec.get("layers"), f"{field}['layers']").items():
-        r = _index(r, f"{field}: layer row")
+        r = checks.integer(r, f"{field}: layer row", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= r < len(kinds)):
             raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
         out[r] = fid(v, f"layers[{r}]")
     return out
-
-
-def _is_integral(x: Any) -> bool:
-    """An int, or a finite float with an integer value (not a bool)."""
-    if isinstance(x, (bool, np.bool_)):
-        return False
-    if isinstance(x, (int, np.integer)):
-        return True
-    return isinstance(x, (float, np.floating)) and math.isfinite(x) and x == int(x)
 
 
 def _mapping(x: Any, field: str) -> Mapping:
@@ -223,21 +209,17 @@ def _mapping(x: Any, field: str) -> Mapping:
     return x
 
 
-def _index(x: Any, field: str) -> int:
-    """An integer index from an int (or an integral float); ValueError otherwise."""
-    if not _is_integral(x):
-        raise ValueError(f"{field} {x!r} is not an integer")
-    return int(x)
-
-
 def validate_plan(scenario, plan: Plan) -> None:
     """Check a concrete plan against a scenario; raise ValueError naming the field.
 
-    Checks: shapes; format ids in range; per present tenant with GPUs: ``tp, pp,
-    micro_batch >= 1``, ``tp * pp`` divides ``gpus``, ``tp`` divides the attention and KV heads,
-    ``pp <= n_blocks``, ``zero_stage`` in 0..3, ``pool`` a valid pool, and ``gpus`` not more
-    than that pool has. (Several tenants together may over-commit the cluster: that is a
-    physical outcome, flagged in ``Metrics.overcommitted``, not an input error.)
+    Checks: shapes and integer dtypes; format ids in range; ``gpus >= 0``; per present tenant:
+    ``zero_stage`` in 0..3, ``recompute`` 0 or 1, ``pool`` a cluster pool; per present tenant
+    with GPUs: ``tp, pp, micro_batch >= 1``, ``pool`` a real pool with at least ``gpus`` GPUs,
+    ``tp * pp`` divides ``gpus``, ``tp`` divides the attention and KV heads, ``pp <= n_blocks``.
+    (Several tenants together may over-commit the cluster: that is a physical outcome, flagged
+    in ``Metrics.overcommitted``, not an input error.) The rules are evaluated all at once;
+    only a plan that breaks one pays for finding which (the common, valid case is a handful of
+    NumPy operations, also for a single plan).
     """
     m, l = scenario.num_tenants, scenario.num_layers
     for name in ("precision",) + _INT_FIELDS:
@@ -248,118 +230,66 @@ def validate_plan(scenario, plan: Plan) -> None:
     batch = prec.shape[:-2]
     if prec.shape[-2:] != (m, l):
         raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
-    if not np.issubdtype(prec.dtype, np.integer):
+    if prec.dtype.kind not in "iu":
         raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     if prec.size and (prec.min() < 0 or prec.max() >= F.NUM_FORMATS):
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
-    vals = {}
+    fields = []
     for name in _INT_FIELDS:
         x = np.asarray(getattr(plan, name))
         if x.shape != batch + (m,):
             raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
-        if not (np.issubdtype(x.dtype, np.integer)
-                or (name == "recompute" and x.dtype == np.bool_)):
+        if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
-        vals[name] = x
-    if not batch:  # one plan: the same rules on Python ints (a few µs instead of ~70)
-        _validate_one(scenario, {k: v.tolist() for k, v in vals.items()})
-        return
-    vals = {k: v.reshape(-1, m).astype(np.int64) for k, v in vals.items()}
-    kv = vals["kv_precision"]
-    if kv.size and (kv.min() < 0 or kv.max() >= F.NUM_FORMATS):
-        raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
+        fields.append(x.reshape(-1, m))
+    vals = dict(zip(_INT_FIELDS, np.stack(fields).astype(np.int64), strict=True))  # [B, M] each
     present = np.asarray(scenario.present)
-    heads = np.asarray(scenario.models.n_heads).astype(np.int64)
-    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(np.int64)
-    n_blocks = np.asarray(scenario.models.n_blocks).astype(np.int64)
+    models = scenario.models
+    heads = np.asarray(models.n_heads).astype(np.int64)
+    kv_heads = np.asarray(models.n_kv_heads).astype(np.int64)
+    n_blocks = np.asarray(models.n_blocks).astype(np.int64)
     pool_count = np.asarray(scenario.cluster.gpu_count)
     pool_valid = np.asarray(scenario.cluster.valid)
-    g = vals["gpus"]
-    if (g < 0).any():
-        raise ValueError("plan.gpus must be >= 0")
-    for field in ("tp", "pp", "micro_batch"):
-        bad = (vals[field] < 1) & (g > 0)
-        if bad.any():
-            b, i = np.argwhere(bad)[0]
-            raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan {b})")
-    checks = [
-        ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
-        ((vals["recompute"] < 0) | (vals["recompute"] > 1), "recompute must be 0 or 1"),
-        ((vals["pool"] < 0) | (vals["pool"] >= len(pool_count)), "pool is not a cluster pool"),
-    ]
-    for bad, msg in checks:
-        bad = bad & present
-        if bad.any():
-            b, i = np.argwhere(bad)[0]
-            raise ValueError(f"plan tenant {i} (plan {b}): {msg}")
-    pool = np.clip(vals["pool"], 0, len(pool_count) - 1)
-    active = (g > 0) & present
+    g, kv, pool_id = vals["gpus"], vals["kv_precision"], vals["pool"]
+    pool = np.clip(pool_id, 0, len(pool_count) - 1)
     tp, pp = np.maximum(vals["tp"], 1), np.maximum(vals["pp"], 1)
+    active = (g > 0) & present
+    # (what is broken [B, M], message, which tenants it concerns) in the order they are reported
     rules = [
-        (~pool_valid[pool], "pool is padding, not a real pool", "pool"),
-        (g > pool_count[pool], "asks for more GPUs than its pool has", "gpus"),
-        (g % (tp * pp) != 0, "tp * pp must divide gpus", "tp"),
-        ((heads % tp != 0) | (kv_heads % tp != 0), "tp must divide the attention and KV heads",
-         "tp"),
-        (pp > n_blocks, "pp exceeds the model's blocks", "pp"),
+        ((kv < 0) | (kv >= F.NUM_FORMATS), None, None),
+        (g < 0, None, None),
+        *(((vals[f] < 1) & (g > 0), f, None) for f in ("tp", "pp", "micro_batch")),
+        ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3",
+         present),
+        ((vals["recompute"] < 0) | (vals["recompute"] > 1), "recompute must be 0 or 1", present),
+        ((pool_id < 0) | (pool_id >= len(pool_count)), "pool is not a cluster pool", present),
+        (~pool_valid[pool], ("pool is padding, not a real pool", "pool"), active),
+        (g > pool_count[pool], ("asks for more GPUs than its pool has", "gpus"), active),
+        (g % (tp * pp) != 0, ("tp * pp must divide gpus", "tp"), active),
+        ((heads % tp != 0) | (kv_heads % tp != 0),
+         ("tp must divide the attention and KV heads", "tp"), active),
+        (pp > n_blocks, ("pp exceeds the model's blocks", "pp"), active),
     ]
-    for bad, msg, field in rules:
-        bad = bad & active
-        if bad.any():
-            b, i = np.argwhere(bad)[0]
-            raise ValueError(
-                f"plan.{field}[{i}] (plan {b}): tenant {i} {msg} "
-                f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
-                f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})"
-            )
-
-
-def _validate_one(scenario, v: dict[str, list[int]]) -> None:
-    """:func:`validate_plan`'s rules for one plan (``v``: field -> per-tenant ints), with the
-    same messages (``plan 0``)."""
-    present = np.asarray(scenario.present).tolist()
-    heads = np.asarray(scenario.models.n_heads).astype(np.int64).tolist()
-    kv_heads = np.asarray(scenario.models.n_kv_heads).astype(np.int64).tolist()
-    n_blocks = np.asarray(scenario.models.n_blocks).astype(np.int64).tolist()
-    pool_count = np.asarray(scenario.cluster.gpu_count).tolist()
-    pool_valid = np.asarray(scenario.cluster.valid).tolist()
-    n_pools = len(pool_count)
-    if any(not 0 <= k < F.NUM_FORMATS for k in v["kv_precision"]):
-        raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
-    if any(g < 0 for g in v["gpus"]):
-        raise ValueError("plan.gpus must be >= 0")
-    for field in ("tp", "pp", "micro_batch"):
-        for i, (x, g) in enumerate(zip(v[field], v["gpus"], strict=True)):
-            if x < 1 and g > 0:
-                raise ValueError(f"plan.{field}[{i}] must be >= 1 (plan 0)")
-    tenants = range(len(present))
-    # rule by rule, then tenant by tenant: the batched path's order, so the same message
-    for bad, msg in ((lambda i: not 0 <= v["zero_stage"][i] <= 3,
-                      "zero_stage must be 0, 1, 2 or 3"),
-                     (lambda i: not 0 <= v["recompute"][i] <= 1, "recompute must be 0 or 1"),
-                     (lambda i: not 0 <= v["pool"][i] < n_pools, "pool is not a cluster pool")):
-        for i in tenants:
-            if present[i] and bad(i):
-                raise ValueError(f"plan tenant {i} (plan 0): {msg}")
-    g = v["gpus"]
-    pool = [min(max(p, 0), n_pools - 1) for p in v["pool"]]
-    tp = [max(x, 1) for x in v["tp"]]
-    pp = [max(x, 1) for x in v["pp"]]
-    for bad, msg, field in (
-            (lambda i: not pool_valid[pool[i]], "pool is padding, not a real pool", "pool"),
-            (lambda i: g[i] > pool_count[pool[i]], "asks for more GPUs than its pool has",
-             "gpus"),
-            (lambda i: g[i] % (tp[i] * pp[i]) != 0, "tp * pp must divide gpus", "tp"),
-            (lambda i: heads[i] % tp[i] != 0 or kv_heads[i] % tp[i] != 0,
-             "tp must divide the attention and KV heads", "tp"),
-            (lambda i: pp[i] > n_blocks[i], "pp exceeds the model's blocks", "pp")):
-        for i in tenants:
-            if present[i] and g[i] > 0 and bad(i):
-                raise ValueError(
-                    f"plan.{field}[{i}] (plan 0): tenant {i} {msg} "
-                    f"(gpus={g[i]}, tp={tp[i]}, pp={pp[i]}, pool={pool[i]}, "
-                    f"pool gpus={pool_count[pool[i]]}, heads={heads[i]}, "
-                    f"kv_heads={kv_heads[i]})")
+    broken = [(bad if where is None else bad & where, msg) for bad, msg, where in rules]
+    if not np.stack([bad for bad, _ in broken]).any():  # one reduction for the common case
+        return
+    for k, (bad, msg) in enumerate(broken):
+        if not bad.any():
+            continue
+        b, i = np.argwhere(bad)[0]
+        if k == 0:
+            raise ValueError(f"plan.kv_precision: format ids must lie in [0, {F.NUM_FORMATS})")
+        if k == 1:
+            raise ValueError("plan.gpus must be >= 0")
+        if isinstance(msg, str) and msg in ("tp", "pp", "micro_batch"):
+            raise ValueError(f"plan.{msg}[{i}] must be >= 1 (plan {b})")
+        if isinstance(msg, str):
+            raise ValueError(f"plan tenant {i} (plan {b}): {msg}")
+        text, field = msg
+        raise ValueError(
+            f"plan.{field}[{i}] (plan {b}): tenant {i} {text} "
+            f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
+            f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
 
 
 def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
