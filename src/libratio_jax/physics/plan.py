@@ -174,25 +174,31 @@ def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: 
     if unknown:
         raise ValueError(f"{field}: unknown layer groups {sorted(unknown)}; "
                          f"valid: {', '.join(sorted(allowed))}")
-    out = np.full(kinds.shape, fid(spec.get("default", "bf16"), "default"), np.int32)
-
-    def apply(groups: Mapping[str, Any], rows_mask: np.ndarray, where: str):
+    # Choices are resolved per row kind first (a lookup table of NUM_KINDS entries; -1: keep
+    # the rows' current format), then spread over the rows with one indexing.
+    def kind_table(groups: Mapping[str, Any], where: str, start: int) -> np.ndarray:
         bad = set(groups) - set(LAYER_GROUPS) - {"default"}
         if bad:
             raise ValueError(f"{field}: unknown layer groups {sorted(bad)} in {where}")
+        table = np.full(A.NUM_KINDS, start, np.int32)
         if "default" in groups:
-            out[rows_mask] = fid(groups["default"], where)
+            table[:] = fid(groups["default"], where)
         for g in _GROUP_ORDER:
             if g in groups:
-                out[rows_mask & _GROUP_KINDS[g][kinds]] = fid(groups[g], g)
+                table[_GROUP_KINDS[g]] = fid(groups[g], g)
+        return table
 
-    apply({k: v for k, v in spec.items() if k in LAYER_GROUPS}, np.ones_like(kinds, bool), "")
+    default = fid(spec.get("default", "bf16"), "default")
+    out = kind_table({k: v for k, v in spec.items() if k in LAYER_GROUPS}, "", default)[kinds]
     for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
         b = checks.integer(b, f"{field}: block", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= b <= blocks.max()):
             raise ValueError(f"{field}: block {b!r} out of range")
-        apply(groups if isinstance(groups, Mapping) else {"default": groups},
-              blocks == b, f"blocks[{b}]")
+        table = kind_table(groups if isinstance(groups, Mapping) else {"default": groups},
+                           f"blocks[{b}]", -1)
+        rows = np.flatnonzero(blocks == b)
+        chosen = table[kinds[rows]]
+        out[rows] = np.where(chosen >= 0, chosen, out[rows])
     for r, v in _mapping(spec.get("layers"), f"{field}['layers']").items():
         r = checks.integer(r, f"{field}: layer row", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= r < len(kinds)):
