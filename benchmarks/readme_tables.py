@@ -156,9 +156,16 @@ def greedy_policy() -> str:
     return _table(("policy", "env", "episodes", "valid episodes", "mean step reward"), rows)
 
 
+def session_throughput() -> str:
+    rows = [(_device(r), f"{r['sessions']:,}", f"{r['ms_per_round']:.1f} ms",
+             _si(r["session_rounds_per_second"]))
+            for r in _load(BENCH, "session_throughput_cpu.json") or []]
+    return _table(("device", "sessions", "one round of the pool", "session-rounds/s"), rows)
+
+
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
-    difference_rewards, classic_throughput, greedy_policy)}
+    difference_rewards, classic_throughput, greedy_policy, session_throughput)}
 
 
 def render(text: str) -> str:
