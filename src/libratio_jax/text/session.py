@@ -54,8 +54,9 @@ class StepResult:
     """One session's outcome of a round. ``feedback``: the next user message (feedback on the
     reply, then the next round's scenario, or the episode's end). ``reward``: the team reward
     of the judged plan (0 for a session that did not act). ``info``: ``stage`` (parser
-    stage name: no_json, not_a_plan, invalid, valid), ``reason`` (why the reply is not a valid
-    plan, else ""), ``rules`` (IRD rules fired), ``round`` (rounds played)."""
+    stage name: no_json, not_a_plan, invalid, valid; none when the episode was already over),
+    ``reason`` (why the reply is not a valid plan, else ""), ``rules`` (IRD rules fired),
+    ``round`` (rounds played)."""
 
     feedback: str
     reward: float
@@ -111,7 +112,7 @@ class SessionPool:
         self.size = int(size)
         self._reset_fn, self._step_fn = _compiled(env)
         self._states = None
-        self._keys = None
+        self._keys = jax.random.split(jax.random.PRNGKey(seed), self.size)
         self._host: list[Any] = [None] * self.size  # each session's scenario (NumPy)
         self._done = np.zeros(self.size, bool)
         self._rounds = np.zeros(self.size, np.int64)
@@ -127,19 +128,17 @@ class SessionPool:
         idx = self._indices(sessions)
         if seeds is not None and len(seeds) != len(idx):
             raise ValueError(f"SessionPool.reset: {len(seeds)} seeds for {len(idx)} sessions")
-        keys = np.asarray(jax.random.split(jax.random.PRNGKey(0), self.size)
-                          if self._keys is None else self._keys).copy()
+        keys = np.array(self._keys)
         if seeds is not None:
             for i, s in zip(idx, seeds, strict=True):
                 keys[i] = np.asarray(jax.random.PRNGKey(int(s)))
         mask = np.zeros(self.size, bool)
         mask[idx] = True
-        keys = jnp.asarray(keys)
-        reset_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
+        # An episode's reset key and its stream of step keys both derive from its key.
+        reset_keys, step_keys = (jax.vmap(lambda k, j=j: jax.random.fold_in(k, j))(keys)
+                                 for j in (0, 1))
         self._states = self._reset_fn(reset_keys, self.params, self._states, jnp.asarray(mask))
-        self._keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys) if self._keys is None \
-            else jnp.where(jnp.asarray(mask)[:, None], jax.vmap(
-                lambda k: jax.random.fold_in(k, 1))(keys), self._keys)
+        self._keys = jnp.where(jnp.asarray(mask)[:, None], step_keys, self._keys)
         self._fetch(idx)
         self._done[idx] = False
         self._rounds[idx] = 0
