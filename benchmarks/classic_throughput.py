@@ -2,13 +2,16 @@
 
     python benchmarks/classic_throughput.py [--episodes 262144] [--python-episodes 3000]
 
-Episodes: random actions on the seven original scenarios (reset + every step of the episode).
+Episodes: random actions on the original scenarios (reset + every step of the episode): the
+seven fleets for fleet_precision / fleet_resource, the eight loss-trajectory scenarios for
+fleet_oversight (the five with a crash for fleet_recovery).
 JAX: one jitted ``vmap`` over episodes of a ``scan`` over steps (actions generated beforehand,
 compile time reported separately). Python: the same rules one step at a time
 (``libratio_jax.env.classic.rules``), on the first ``--python-episodes`` of the same episodes
-converted to the original JSON actions. One JSON line per task with steps/s, the ratio, and the
-ratio to the original service's measured rate on this 2-core machine (docs/measurements.md:
-~31 k fleet_precision, ~25 k fleet_resource steps/s).
+converted to the original JSON actions (``monitoring_rules`` for the two monitoring tasks). One
+JSON line per task with steps/s, the ratio, and, for the two tasks measured there, the ratio to
+the original service's measured rate on this 2-core machine (docs/measurements.md: ~31 k
+fleet_precision, ~25 k fleet_resource steps/s).
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.env import classic as C  # noqa: E402
+from libratio_jax.env.classic import monitoring_rules as MR  # noqa: E402
 from libratio_jax.env.classic import rules as CR  # noqa: E402
 
 ORIGINAL_STEPS_PER_SECOND = {"fleet_precision": 31_000, "fleet_resource": 25_000}
 ENV_NAMES = {"fleet_precision": "Classic-FleetPrecision-v0",
-             "fleet_resource": "Classic-FleetResource-v0"}
+             "fleet_resource": "Classic-FleetResource-v0",
+             "fleet_oversight": "Classic-FleetOversight-v0",
+             "fleet_recovery": "Classic-FleetRecovery-v0"}
+STEPS = {"fleet_precision": 4, "fleet_resource": 5, "fleet_oversight": 5, "fleet_recovery": 3}
 
 
 def random_actions(task: str, key, n: int, steps: int):
@@ -42,6 +49,25 @@ def random_actions(task: str, key, n: int, steps: int):
     if task == "fleet_precision":
         return C.PrecisionAction(jax.random.randint(k1, (steps, n, C.NUM_TYPES), 0,
                                                     C.NOT_GIVEN + 1))
+    vocab = (steps, n, len(C.CAUSE_VOCABULARY))
+    if task == "fleet_oversight":  # mostly watching: a flag ends the episode
+        return C.OversightAction(
+            action_type=(jax.random.uniform(k1, (steps, n)) < 0.25).astype(jnp.int32),
+            flagged_model=jax.random.randint(k2, (steps, n), -1, 4),
+            flagged_step=jax.random.randint(k3, (steps, n), 0, 100),
+            has_step=jax.random.uniform(k4, (steps, n)) < 0.9,
+            cause=jax.random.uniform(k1, vocab) < 0.2)
+    if task == "fleet_recovery":
+        return C.RecoveryAction(
+            cause=jax.random.uniform(k1, vocab) < 0.2,
+            has_root_cause=jax.random.uniform(k2, (steps, n)) < 0.8,
+            diagnosed_model=jax.random.randint(k3, (steps, n), -1, 4),
+            strategy=jax.random.randint(k4, (steps, n, C.NUM_TYPES), 0, C.NOT_GIVEN + 1),
+            has_strategy=jax.random.uniform(k4, (steps, n)) < 0.8,
+            extra_changed=jnp.zeros((steps, n), jnp.int32),
+            reasoning_chars=jax.random.randint(k1, (steps, n), 15, 80),
+            mentions_stable=jax.random.uniform(k2, (steps, n)) < 0.5,
+            mentions_monitor=jax.random.uniform(k3, (steps, n)) < 0.5)
     shape = (steps, n, C.MODEL_CAPACITY)
     return C.ResourceAction(
         gpus=jax.random.randint(k1, shape, 0, 9),
@@ -77,18 +103,26 @@ def make_rollout(env, params):
 
 
 def to_json(task, scenario, action_rows):
-    out = []
-    for a in action_rows:
-        if task == "fleet_precision":
-            out.append(C.precision_action_to_json(a))
-        else:
-            out.append(C.resource_action_to_json(a, scenario))
-    return out
+    convert = {"fleet_precision": lambda a: C.precision_action_to_json(a),
+               "fleet_resource": lambda a: C.resource_action_to_json(a, scenario),
+               "fleet_oversight": lambda a: C.oversight_action_to_json(a, scenario),
+               "fleet_recovery": lambda a: C.recovery_action_to_json(a, scenario)}[task]
+    return [convert(a) for a in action_rows]
+
+
+def python_task(task: str, scenario):
+    """The per-step Python task of ``scenario`` (a fleet, or an oversight scenario)."""
+    if task in CR.TASKS:
+        return CR.TASKS[task](scenario)
+    if task == "fleet_oversight":
+        return MR.OversightTask(scenario)
+    return MR.RecoveryTask(scenario, C.monitoring_scenarios()["fleet_scenarios"][
+        scenario["fleet_id"]])
 
 
 def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
     env, params = lj.make(ENV_NAMES[task])
-    steps = 4 if task == "fleet_precision" else 5  # longest episode of the presets
+    steps = STEPS[task]  # the longest episode of the task
     key = jax.random.PRNGKey(0)
     keys = jax.random.split(key, episodes)
     actions = random_actions(task, jax.random.PRNGKey(1), episodes, steps)
@@ -99,7 +133,11 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
     jax_rate = n_steps / run_s
 
     # The same episodes through the per-step Python rules.
-    presets = C.preset_scenarios()
+    if task in CR.TASKS:
+        presets = C.preset_scenarios()
+    else:
+        everything = C.monitoring_scenarios()["oversight_scenarios"]
+        presets = {n: everything[n] for n in env.scenario_names}
     names = list(presets)
     _, states = jax.vmap(env.reset, in_axes=(0, None))(keys[:python_episodes], params)
     scen_idx = np.asarray(states.scenario)
@@ -114,7 +152,7 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
     py_scores = []
     t0 = time.perf_counter()
     for sc, acts in episodes_json:
-        t = CR.TASKS[task](sc)
+        t = python_task(task, sc)
         for a in acts:
             py_scores.append(t.step(a)[0])
             py_steps += 1
@@ -132,8 +170,9 @@ def bench(task: str, episodes: int, python_episodes: int, repeats: int) -> dict:
         "run_seconds": round(run_s, 6),
         "python_steps_per_second": round(py_rate, 1),
         "speedup_vs_python": round(jax_rate / py_rate, 1),
-        "original_steps_per_second": ORIGINAL_STEPS_PER_SECOND[task],
-        "speedup_vs_original": round(jax_rate / ORIGINAL_STEPS_PER_SECOND[task], 1),
+        "original_steps_per_second": ORIGINAL_STEPS_PER_SECOND.get(task),
+        "speedup_vs_original": (round(jax_rate / ORIGINAL_STEPS_PER_SECOND[task], 1)
+                                if task in ORIGINAL_STEPS_PER_SECOND else None),
         "max_abs_score_difference": max_err,
     }
 
@@ -147,7 +186,7 @@ def main(argv=None) -> None:
     add_output_args(ap)
     args = ap.parse_args(argv)
     records = []
-    for task in ("fleet_precision", "fleet_resource"):
+    for task in ENV_NAMES:
         rec = bench(task, args.episodes, min(args.python_episodes, args.episodes), args.repeats)
         print(json.dumps(rec), flush=True)
         records.append(rec)

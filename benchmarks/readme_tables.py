@@ -142,7 +142,8 @@ def classic_throughput() -> str:
             rows.append((r["task"], f"{_device(r)} ({r['episodes']:,} episodes)",
                          _si(r["steps_per_second"]),
                          f"{_si(py)} ({r['speedup_vs_python']:,.0f}×)" if py else "",
-                         f"{r['speedup_vs_original']:,.0f}×"))
+                         f"{r['speedup_vs_original']:,.0f}×"
+                         if r.get("speedup_vs_original") else "(not measured)"))
     return _table(("task", "device", "JAX steps/s", "plain-Python steps/s (same rules)",
                    "vs the original service"), rows)
 

@@ -64,10 +64,16 @@ def _fleet(name: str, default_level: str | None):
 
 
 def _register_builtin() -> None:
-    from libratio_jax.env.classic import ClassicPrecisionEnv, ClassicResourceEnv
+    from libratio_jax.env.classic import (
+        ClassicOversightEnv,
+        ClassicPrecisionEnv,
+        ClassicRecoveryEnv,
+        ClassicResourceEnv,
+    )
 
-    register(ClassicPrecisionEnv.name, _classic(ClassicPrecisionEnv))
-    register(ClassicResourceEnv.name, _classic(ClassicResourceEnv))
+    for env_cls in (ClassicPrecisionEnv, ClassicResourceEnv, ClassicOversightEnv,
+                    ClassicRecoveryEnv):
+        register(env_cls.name, _classic(env_cls))
     # Fleet-v0: procedural medium scenarios; -easy/-hard levels; -presets: the seven fleets.
     for name, level in (("Fleet-v0", "medium"), ("Fleet-easy-v0", "easy"),
                         ("Fleet-hard-v0", "hard"), ("Fleet-presets-v0", None)):
