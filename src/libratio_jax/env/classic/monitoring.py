@@ -209,8 +209,14 @@ def _clamp_round3(x):
     return jnp.clip(jnp.round(x * 1000.0) / 1000.0, 0.01, 0.99)
 
 
+_IN_PLACE = ("loss", "loss_nan", "strategy_stable", "strategy_speedup", "strategy_bonus")
+
+
 def _pick(params: MonitorParams, s):
-    return jax.tree.map(lambda x: x[s], params)
+    """Scenario ``s``'s small fields (the large tables, ``_IN_PLACE``, are indexed where they
+    are read: copying them per step would dominate the step's cost)."""
+    return params.replace(**{k: getattr(params, k)[s] for k in MonitorParams.__dataclass_fields__
+                             if k not in _IN_PLACE})
 
 
 def _loss_features(loss, nan):
@@ -269,8 +275,10 @@ class ClassicOversightEnv(_MonitorEnv):
     def observation(self, state: MonitorState, params: MonitorParams):
         p = _pick(params, state.scenario)
         start = jnp.minimum(state.window, WINDOWS - 1) * WINDOW
-        seg = jax.lax.dynamic_slice_in_dim(_loss_features(p.loss, p.loss_nan), start, WINDOW,
-                                           axis=1)
+        s = state.scenario
+        seg = _loss_features(
+            jax.lax.dynamic_slice_in_dim(params.loss[s], start, WINDOW, axis=1),
+            jax.lax.dynamic_slice_in_dim(params.loss_nan[s], start, WINDOW, axis=1))
         return jnp.concatenate([
             jnp.stack([state.window / WINDOWS, state.done.astype(jnp.float32)]),
             jnp.where(p.model_valid[:, None], seg, 0.0).ravel(),
@@ -329,7 +337,8 @@ class ClassicRecoveryEnv(_MonitorEnv):
         steps = p.failure_step - RECOVERY_BEFORE + jnp.arange(RECOVERY_BEFORE + RECOVERY_AFTER)
         shown = (steps >= 0) & (steps < STEPS)
         idx = jnp.clip(steps, 0, STEPS - 1)
-        seg = _loss_features(p.loss[slot][idx], p.loss_nan[slot][idx])
+        s = state.scenario
+        seg = _loss_features(params.loss[s, slot, idx], params.loss_nan[s, slot, idx])
         return jnp.concatenate([
             jax.nn.one_hot(jnp.minimum(state.phase, 2), 3),
             jnp.stack([(MR.RECOVERY_ITERATIONS - state.t) / MR.RECOVERY_ITERATIONS]),
@@ -360,13 +369,14 @@ class ClassicRecoveryEnv(_MonitorEnv):
         # without a strategy, every type FP32 and nothing changed)
         given = (action.strategy < NOT_GIVEN) & action.has_strategy
         code = jnp.sum(jnp.where(given, action.strategy, _FP32) * jnp.asarray(_POW4))
-        stable = p.strategy_stable[code]
-        speedup = p.strategy_speedup[code]
+        stable = params.strategy_stable[state.scenario, code]
+        speedup = params.strategy_speedup[state.scenario, code]
         changed = jnp.sum(given & (action.strategy != p.crash_config)) + jnp.where(
             action.has_strategy, action.extra_changed, 0)
         reallocate = jnp.where(p.crashed_in_fleet, _clamp_round3(
             0.20 + jnp.where(stable, 0.40, 0.0) + jnp.minimum(0.20, 0.07 * changed)
-            + jnp.where(speedup > 1.5, 0.10, 0.0) + p.strategy_bonus[code]), CR.IRD_SCORE)
+            + jnp.where(speedup > 1.5, 0.10, 0.0) + params.strategy_bonus[state.scenario, code]),
+            CR.IRD_SCORE)
         # verify
         verify = _clamp_round3(0.50 + jnp.where(action.reasoning_chars > 50, 0.20, 0.0)
                                + jnp.where(action.mentions_stable, 0.10, 0.0)
