@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import baselines  # noqa: E402
 import difference_rewards  # noqa: E402
 import jax_grpo  # noqa: E402
+import trl_multiturn  # noqa: E402
 from common import recipes  # noqa: E402
 
 from libratio_jax.scenarios import LEVELS  # noqa: E402
@@ -106,3 +107,20 @@ def test_outputs_go_to_an_untracked_folder_unless_asked():
     spec.loader.exec_module(bench)
     assert bench.results_folder(False).endswith(os.path.join("runs", "benchmarks"))
     assert bench.results_folder(True) == bench.RESULTS
+
+
+def test_trl_multiturn_two_steps_on_cpu(tmp_path):
+    """Multi-turn GRPO through TRL's environment_factory: every rollout is scored by its
+    episode, the model calls the tool (rounds are played) and the weights change."""
+    s = trl_multiturn.main(["--steps", "2", "--prompts", "4", "--batch", "4",
+                            "--num-generations", "2", "--max-completion-length", "128",
+                            "--out-dir", str(tmp_path)])
+    assert s["steps"] == 2 and s["rollouts_rewarded"] == s["rollouts"] == 8
+    assert all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in s["rollout_rewards"])
+    assert any(n > 0 for n in s["rollout_rounds"])  # the model stepped the environment
+    assert all(r == 0.0 for n, r in zip(s["rollout_rounds"], s["rollout_rewards"], strict=True)
+               if n == 0)
+    assert len(s["log"]) == 2 and all(h["tool_call_frequency"] > 0 for h in s["log"])
+    assert s["weights_changed"]
+    saved = json.loads((tmp_path / "trl_multiturn.json").read_text())
+    assert saved["rollout_rewards"] == s["rollout_rewards"]

@@ -117,3 +117,38 @@ def test_setup_errors_name_the_problem(pool):
         SessionPool("Classic-FleetPrecision-v0")
     with pytest.raises(ValueError, match="size"):
         SessionPool(ENV, size=0, params=PARAMS)
+
+
+def test_trl_environment_protocol():
+    """FleetEnvironment as TRL's environment_factory uses it: reset(**row) -> text, the
+    submit_plan tool, get_reward; unreadable plans raise a teaching ValueError and cost no
+    round."""
+    from libratio_jax.integrations.trl_env import FleetEnvironment, session_dataset
+
+    env = FleetEnvironment(ENV, PARAMS)
+    row = session_dataset(3, seed=11)[2]
+    first = env.reset(**row)
+    assert env.reset(**row) == first and env.get_reward() == 0.0
+    with pytest.raises(ValueError, match="not a plan"):
+        env.submit_plan("I would use four GPUs.")
+    with pytest.raises(ValueError, match="not a plan"):
+        env.submit_plan({"tenants": []})  # not text
+    assert env.rounds == 0
+    plans = [_plan_for_all(env._session.pool, 0), ONE]
+    for k in range(int(PARAMS.max_steps)):
+        reply = env.submit_plan(plans[k % 2])
+        assert f"Reward {env.rewards[-1]:.3f}." in reply
+    assert env.get_reward() == pytest.approx(np.mean(env.rewards))
+    with pytest.raises(ValueError, match="episode is over"):
+        env.submit_plan(ONE)
+
+
+def test_submit_plan_has_a_tool_schema():
+    pytest.importorskip("transformers")
+    from transformers.utils import get_json_schema
+
+    from libratio_jax.integrations.trl_env import FleetEnvironment
+
+    fn = get_json_schema(FleetEnvironment.submit_plan)["function"]
+    assert fn["name"] == "submit_plan" and fn["parameters"]["required"] == ["plan"]
+    assert fn["parameters"]["properties"]["plan"]["type"] == "string"
