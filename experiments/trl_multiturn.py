@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
             return reward
 
     t_start = time.perf_counter()
-    factory = trl_env.fleet_environment_factory(args.env, bank_size=args.bank_size,
+    factory = trl_env.environment_factory(args.env, bank_size=args.bank_size,
                                                 seed=args.seed, cls=RecordedFleetEnvironment)
     rows = trl_env.session_dataset(args.prompts, seed=args.seed)
     if args.model:

@@ -112,8 +112,9 @@ def test_outputs_go_to_an_untracked_folder_unless_asked():
 def test_trl_multiturn_two_steps_on_cpu(tmp_path):
     """Multi-turn GRPO through TRL's environment_factory: every rollout is scored by its
     episode, the model calls the tool (rounds are played) and the weights change."""
-    s = trl_multiturn.main(["--steps", "2", "--prompts", "4", "--batch", "4",
-                            "--num-generations", "2", "--max-completion-length", "128",
+    s = trl_multiturn.main(["--steps", "2", "--prompts", "2", "--batch", "4",
+                            "--num-generations", "2", "--max-completion-length", "96",
+                            "--max-tool-calls", "2", "--bank-size", "4",
                             "--out-dir", str(tmp_path)])
     assert s["steps"] == 2 and s["rollouts_rewarded"] == s["rollouts"] == 8
     assert all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in s["rollout_rewards"])

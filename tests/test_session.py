@@ -113,8 +113,8 @@ def test_setup_errors_name_the_problem(pool):
         pool.step([ONE, ONE])
     with pytest.raises(ValueError, match="session 5"):
         pool.step({5: ONE})
-    with pytest.raises(ValueError, match="Fleet environments"):
-        SessionPool("Classic-FleetPrecision-v0")
+    with pytest.raises(ValueError, match="no text task"):
+        SessionPool(lj.env.base.Environment())
     with pytest.raises(ValueError, match="size"):
         SessionPool(ENV, size=0, params=PARAMS)
 
@@ -129,9 +129,9 @@ def test_trl_environment_protocol():
     row = session_dataset(3, seed=11)[2]
     first = env.reset(**row)
     assert env.reset(**row) == first and env.get_reward() == 0.0
-    with pytest.raises(ValueError, match="not a plan"):
+    with pytest.raises(ValueError, match="cannot be read"):
         env.submit_plan("I would use four GPUs.")
-    with pytest.raises(ValueError, match="not a plan"):
+    with pytest.raises(ValueError, match="cannot be read"):
         env.submit_plan({"tenants": []})  # not text
     assert env.rounds == 0
     plans = [_plan_for_all(env._session.pool, 0), ONE]
@@ -143,12 +143,126 @@ def test_trl_environment_protocol():
         env.submit_plan(ONE)
 
 
-def test_submit_plan_has_a_tool_schema():
+def test_every_tool_has_a_schema():
     pytest.importorskip("transformers")
+    import inspect
+
     from transformers.utils import get_json_schema
 
-    from libratio_jax.integrations.trl_env import FleetEnvironment
+    from libratio_jax.integrations.trl_env import ENVIRONMENTS
 
-    fn = get_json_schema(FleetEnvironment.submit_plan)["function"]
-    assert fn["name"] == "submit_plan" and fn["parameters"]["required"] == ["plan"]
-    assert fn["parameters"]["properties"]["plan"]["type"] == "string"
+    names = set()
+    for cls in ENVIRONMENTS:
+        tools = [f for n, f in inspect.getmembers(cls, inspect.isfunction)
+                 if not n.startswith("_") and n not in ("reset", "get_reward")]
+        assert tools, cls
+        for f in tools:
+            fn = get_json_schema(f)["function"]
+            names.add(fn["name"])
+            params = inspect.signature(f).parameters
+            assert fn["parameters"].get("required", []) == [p for p in params if p != "self"]
+    assert {"submit_plan", "set_precision", "propose_allocation", "continue_monitoring",
+            "flag_instability", "diagnose", "reallocate", "verify"} <= names
+
+
+# ---- the classic tasks in text: the original's logged actions, written as replies -----------
+
+CLASSIC = {"fleet_precision": "Classic-FleetPrecision-v0",
+           "fleet_resource": "Classic-FleetResource-v0",
+           "fleet_oversight": "Classic-FleetOversight-v0",
+           "fleet_recovery": "Classic-FleetRecovery-v0"}
+
+
+def _vector_episodes():
+    from conftest import data_path
+
+    out = []
+    for name in ("classic_fleet_episodes.json", "classic_oversight_episodes.json"):
+        with open(data_path(name)) as f:
+            out += json.load(f)["episodes"]
+    return out
+
+
+@pytest.mark.parametrize("task", list(CLASSIC))
+def test_classic_text_sessions_score_the_original_episodes(task):
+    """Text replies holding the original's logged JSON actions (bare, fenced after prose, or
+    after a think block) score exactly what the original service returned, step by step."""
+    episodes = [ep for ep in _vector_episodes() if ep["task_id"] == task]
+    by_scenario = {}
+    for ep in episodes:
+        by_scenario.setdefault(ep["scenario_id"].removeprefix("recovery_"), []).append(ep)
+    for sid in sorted(by_scenario)[:3]:
+        session = TextSession(CLASSIC[task], scenarios=[sid])
+        for k, ep in enumerate(by_scenario[sid][:3]):
+            session.reset()
+            for s in ep["steps"]:
+                text = json.dumps(s["action"])
+                reply = (text, f"Let me think.\n```json\n{text}\n```",
+                         f"<think>{{\"x\": 1}}</think> {text}")[k % 3]
+                r = session.step(reply)
+                assert r.info["stage"] == "valid", r.info
+                assert abs(r.reward - s["score"]) < 1e-6 and r.done == s["done"]
+                assert isinstance(r.feedback, str) and r.feedback
+
+
+@pytest.mark.parametrize("task", list(CLASSIC))
+def test_classic_text_sessions_never_raise_and_fall_back(task):
+    session = TextSession(CLASSIC[task], seed=1)
+    assert session.system_prompt and session.reset()
+    for reply in ("no idea", SHAPES["nested_objects"](4096), None, object(), "[1, 2]",
+                  '{"allocations": {"model_a": 3}}', '{"precision_strategy": {"ffn": "FP3"}}',
+                  '{"flagged_step": "soon", "action_type": "flag_instability"}'):
+        r = session.step(reply)
+        if session.done:
+            session.reset()
+        assert np.isfinite(r.reward) and 0.0 <= r.reward <= 0.99
+        if r.info["stage"] != "valid":
+            assert r.reward <= 0.0101 and r.info["reason"]
+
+
+def test_classic_trl_environments_play_their_tasks():
+    """The classic tasks' TRL tools, called as a model would: valid calls are turns judged by
+    the env; calls it cannot read raise ValueError and use up no turn."""
+    from libratio_jax.integrations import trl_env as E
+
+    precision = E.environment_factory("Classic-FleetPrecision-v0", scenarios=["small_fleet"])()
+    precision.reset(seed=0)
+    with pytest.raises(ValueError, match="cannot be read"):
+        precision.set_precision('{"ffn": "FP3"}')
+    precision.set_precision('{"embedding": "FP32", "attention": "BF16", "ffn": "FP8", '
+                            '"layernorm": "BF16", "output": "FP32"}')
+    assert precision.rounds == 1 and abs(precision.rewards[0] - 0.8581) < 1e-4
+
+    resource = E.environment_factory("Classic-FleetResource-v0", scenarios=["small_fleet"])()
+    resource.reset(seed=0)
+    resource.propose_allocation('{"model_a": {"gpus": 2}, "model_b": {"gpus": 2}}')
+    assert resource.rounds == 1 and resource.rewards[0] > 0.5
+
+    oversight = E.environment_factory("Classic-FleetOversight-v0",
+                                      scenarios=["one_crash_two_healthy"])()
+    oversight.reset(seed=0)
+    oversight.continue_monitoring()
+    with pytest.raises(ValueError, match="cannot be read"):
+        oversight.flag_instability("model_b", "soon", "fp8")
+    oversight.flag_instability("model_b", 36, "FP8 embedding underflow")
+    from libratio_jax.env.classic import monitoring_rules as MR
+    from libratio_jax.env.classic import monitoring_scenarios
+
+    py = MR.OversightTask(monitoring_scenarios()["oversight_scenarios"]["one_crash_two_healthy"])
+    expected = [py.step({"action_type": "continue_monitoring"})[0],
+                py.step({"action_type": "flag_instability", "flagged_model": "model_b",
+                         "flagged_step": 36, "root_cause": "FP8 embedding underflow"})[0]]
+    assert oversight.rewards == pytest.approx(expected, abs=1e-6)
+
+    recovery = E.environment_factory("Classic-FleetRecovery-v0",
+                                     scenarios=["one_crash_two_healthy"])()
+    recovery.reset(seed=0)
+    recovery.diagnose("model_b", "fp8 embedding underflow", "the loss went NaN at step 35")
+    with pytest.raises(ValueError):
+        recovery.reallocate("FP32 everywhere", "safe")
+    recovery.reallocate('{"embedding": "FP32", "attention": "BF16", "ffn": "FP8", '
+                        '"layernorm": "BF16", "output": "FP32"}', "FP32 embeddings are stable")
+    recovery.verify("Watch the loss for NaN and monitor memory; the config is stable and safe.")
+    assert recovery.rounds == 3 and recovery._session.done
+    with pytest.raises(ValueError, match="episode is over"):
+        recovery.verify("again")

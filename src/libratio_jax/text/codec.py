@@ -50,7 +50,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -462,18 +462,21 @@ def _loads(text: str) -> tuple[bool, Any]:
         return False, None
 
 
-def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
+def _plan_values(chunk: str, budget: list[int],
+                 shaped: Callable[[Any], bool] | None = None) -> tuple[Any, bool]:
     """``(the last plan-shaped JSON value of chunk or None, whether any JSON decoded)``:
     the whole chunk first (the common case: a fence holding only the plan), then its top-level
     bracketed spans from the last one back (the answer comes last), each decode costing one
-    unit of ``budget``. Spans without a quote cannot hold a plan's keys and cost nothing."""
+    unit of ``budget``. Spans without a quote cannot hold a plan's keys and cost nothing.
+    ``shaped``: what counts as a plan (default :func:`_plan_shaped`)."""
+    shaped = shaped or _plan_shaped
     stripped = chunk.strip()
     found = False
     if stripped[:1] in ("{", "[") and budget[0] > 0:
         budget[0] -= 1
         ok, obj = _loads(stripped)
         if ok:
-            if _plan_shaped(obj):
+            if shaped(obj):
                 return obj, True
             found = True
     if '"' not in chunk and "'" not in chunk:
@@ -488,7 +491,7 @@ def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
         ok, obj = _loads(span)
         if ok:
             found = True
-            if _plan_shaped(obj):
+            if shaped(obj):
                 return obj, True
     # Prose whose quotes or brackets confused the scan (an unclosed string before the JSON):
     # the answer usually ends at the last closing bracket, so try the text from each of the
@@ -508,7 +511,7 @@ def _plan_values(chunk: str, budget: list[int]) -> tuple[Any, bool]:
         except (orjson.JSONDecodeError, RecursionError):
             continue
         found = True
-        if _plan_shaped(obj):
+        if shaped(obj):
             return obj, True
     return None, found
 
@@ -546,10 +549,13 @@ def _plan_shaped(obj: Any) -> bool:
     return False
 
 
-def extract_json(text: Any) -> tuple[Any, int, str]:
+def extract_json(text: Any, shaped: Callable[[Any], bool] | None = None,
+                 expected: str = '{"tenants": [...]}') -> tuple[Any, int, str]:
     """``(value, stage, reason)``: the last plan-shaped JSON value of a completion's text
     (``stage`` ``VALID`` when found, else ``NO_JSON`` or ``NOT_A_PLAN`` with a reason).
-    Linear in the text and bounded (``MAX_TEXT_CHARS``, ``MAX_DECODE_ATTEMPTS``)."""
+    Linear in the text and bounded (``MAX_TEXT_CHARS``, ``MAX_DECODE_ATTEMPTS``).
+    ``shaped``/``expected``: another task's notion of an answer (a predicate on the decoded
+    value) and its form, for the reason."""
     if not isinstance(text, str):
         return None, NO_JSON, "completion is not text"
     cut = len(text) > MAX_TEXT_CHARS
@@ -561,7 +567,7 @@ def extract_json(text: Any) -> tuple[Any, int, str]:
     # Fenced blocks first (the last plan in a fence wins), then the whole text.
     for chunks in (_fenced_blocks(text), [text]):
         for chunk in reversed(chunks):
-            obj, found = _plan_values(chunk, budget)
+            obj, found = _plan_values(chunk, budget, shaped)
             found_json |= found
             if obj is not None:
                 return obj, VALID, ""
@@ -571,8 +577,7 @@ def extract_json(text: Any) -> tuple[Any, int, str]:
     elif cut:
         note = f" (only the last {MAX_TEXT_CHARS} characters are read)"
     if found_json:
-        return None, NOT_A_PLAN, ("JSON found, but not a plan (expected {\"tenants\": [...]})"
-                                  + note)
+        return None, NOT_A_PLAN, f"JSON found, but not a plan (expected {expected})" + note
     return None, NO_JSON, "no JSON value found" + note
 
 

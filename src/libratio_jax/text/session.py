@@ -1,18 +1,18 @@
-"""Text episodes an LLM plays over several rounds, and a pool that steps many at once.
+"""Text episodes an LLM plays over several turns, and a pool that steps many at once.
 
-A session wraps one episode of a Fleet environment: :meth:`SessionPool.reset` returns the
-first user message (the scenario and what to do), :meth:`SessionPool.step` takes the model's
-replies, parses each with the never-raising parser (:func:`~libratio_jax.text.codec.parse_plan`),
-judges every acting session's plan in **one jitted, batched** ``env.step`` and returns, per
-session, the physics' feedback on its plan followed by the next round's scenario (the cluster
-evolves between rounds: temperatures, failed GPUs, drifting batches, arriving jobs), the
-team reward and whether the episode is over.
+A session wraps one episode of a registered environment, played through its text task
+(:mod:`libratio_jax.text.task`; ``Fleet-*``: :mod:`~libratio_jax.text.fleet_task`, the four
+classic tasks: :mod:`~libratio_jax.text.classic_tasks`): :meth:`SessionPool.reset` returns the
+first user message, :meth:`SessionPool.step` takes the model's replies, reads each with the
+task's never-raising parser, judges every acting session's action in **one jitted, batched**
+``env.step`` and returns, per session, the feedback on its action followed by the next
+observation, the reward and whether the episode is over.
 
-A reply that is not a plan (no JSON, unknown fields, a field that does not fit the model) still
-uses up its round: the idle plan is judged in its place, which fires the ``starved`` rule, and
-the feedback says what was wrong with the reply. A reply that parses but breaks a rule
-(:func:`~libratio_jax.validate_plan`) is judged as written: the physics floor it
-(``invalid_plan``). So the reward always comes from the physics, never from the parser.
+A reply that cannot be read still uses up its turn: the task's fallback action is judged in
+its place (``Fleet-*``: the idle plan, which fires the ``starved`` rule; classic: the empty
+action, 0.01) and the feedback says what was wrong with the reply. A plan that reads but
+breaks a rule is judged as written (``Fleet-*``: the physics floor it, ``invalid_plan``). So
+the reward always comes from the environment, never from the parser.
 
     >>> pool = SessionPool("Fleet-v0", size=2, seed=0, bank_size=4)
     >>> first = pool.reset()  # one user message per session
@@ -35,28 +35,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from libratio_jax.env.base import Environment
+from libratio_jax.env.classic import (
+    ClassicOversightEnv,
+    ClassicPrecisionEnv,
+    ClassicRecoveryEnv,
+    ClassicResourceEnv,
+)
 from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.registry import make
-from libratio_jax.rewards.ird import RULE_NAMES
-from libratio_jax.text import codec as T
-from libratio_jax.text.feedback import render_feedback
-from libratio_jax.text.prompts import SYSTEM_PROMPT
+from libratio_jax.text import classic_tasks as CT
+from libratio_jax.text.fleet_task import SESSION_SYSTEM_PROMPT, FleetTextTask
+from libratio_jax.text.task import TextTask
 
-ROUNDS_NOTE = ("The episode has several rounds. After each plan you get the physics' feedback "
-               "on it and the cluster as it is now (GPUs fail, the room heats up, batches "
-               "drift, new jobs arrive); then write the plan for the next round.")
-# The system prompt of a multi-round episode: the task, the plan's form and the rules.
-SESSION_SYSTEM_PROMPT = SYSTEM_PROMPT + "\n\n" + ROUNDS_NOTE
+__all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
+           "text_task_class"]
+
+# The text task of each environment family.
+TEXT_TASKS: tuple[tuple[type, type[TextTask]], ...] = (
+    (FleetEnv, FleetTextTask),
+    (ClassicPrecisionEnv, CT.PrecisionTextTask),
+    (ClassicResourceEnv, CT.ResourceTextTask),
+    (ClassicOversightEnv, CT.OversightTextTask),
+    (ClassicRecoveryEnv, CT.RecoveryTextTask),
+)
+
+
+def text_task(env, params) -> TextTask:
+    """The text task of ``env`` (host copies of ``params``); ValueError for an environment
+    without one."""
+    return text_task_class(env)(env, params)
+
+
+def text_task_class(env) -> type[TextTask]:
+    """The :class:`TextTask` class of ``env`` (an environment or its class); ValueError for an
+    environment without one."""
+    for cls, task in TEXT_TASKS:
+        if isinstance(env, cls) or (isinstance(env, type) and issubclass(env, cls)):
+            return task
+    raise ValueError(f"no text task for {getattr(env, 'name', type(env).__name__)}; text "
+                     f"sessions play: {', '.join(c.__name__ for c, _ in TEXT_TASKS)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """One session's outcome of a round. ``feedback``: the next user message (feedback on the
-    reply, then the next round's scenario, or the episode's end). ``reward``: the team reward
-    of the judged plan (0 for a session that did not act). ``info``: ``stage`` (parser
-    stage name: no_json, not_a_plan, invalid, valid; none when the episode was already over),
-    ``reason`` (why the reply is not a valid plan, else ""), ``rules`` (IRD rules fired),
-    ``round`` (rounds played)."""
+    """One session's outcome of a turn. ``feedback``: the next user message (feedback on the
+    reply, then the next observation, or the episode's end). ``reward``: the reward of the
+    judged action (``Fleet-*``: the team reward; 0 for a session whose episode was over).
+    ``info``: ``stage`` (how the reply read: no_json, not_a_plan, invalid, valid; none when
+    the episode was already over), ``reason`` (why the reply is not a valid action, else ""),
+    ``rules`` (``Fleet-*``: IRD rules fired), ``round`` (turns played)."""
 
     feedback: str
     reward: float
@@ -71,7 +99,7 @@ def _where(mask, new, old):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(env: FleetEnv):
+def _compiled(env: Environment):
     """Jitted batched reset and step of ``env`` (one compile per env and pool size)."""
 
     def reset(keys, params, states, mask):
@@ -80,44 +108,55 @@ def _compiled(env: FleetEnv):
 
     def step(keys, params, states, actions, mask):
         split = jax.vmap(jax.random.split)(keys)
-        _, new, _, term, trunc, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+        _, new, reward, term, trunc, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             split[:, 1], states, actions, params)
-        fired = jnp.stack([info["ird_rules"][r] for r in RULE_NAMES], axis=-1)
         new = _where(mask, new, states)
-        return (jnp.where(mask[:, None], split[:, 0], keys), new, info["team_reward"],
-                term | trunc, fired, info["metrics"], new.last_plan)
+        return jnp.where(mask[:, None], split[:, 0], keys), new, reward, term | trunc, info
 
     return jax.jit(reset), jax.jit(step)
 
 
+_NOT_TEXT = object()  # TextSession.step(None): a reply, not "this session does not act"
+
+
+def _one(tree, i: int):
+    return jax.tree.map(lambda x: np.array(x[i]), tree)
+
+
 class SessionPool:
-    """``size`` concurrent text episodes of one Fleet environment (a registered name with
+    """``size`` concurrent text episodes of one environment (a registered name with
     :func:`~libratio_jax.make`'s ``overrides``, or an env object with ``params``).
     Session ``i`` is seeded with ``seed + i`` (or the seeds given to :meth:`reset`)."""
 
-    def __init__(self, env: str | FleetEnv = "Fleet-v0", size: int = 1, *, params=None,
+    def __init__(self, env: str | Environment = "Fleet-v0", size: int = 1, *, params=None,
                  seed: int = 0, **overrides):
         if isinstance(env, str):
             env, default = make(env, **overrides)
             params = default if params is None else params
         elif overrides:
             raise ValueError(f"SessionPool: overrides {sorted(overrides)} need an env name")
-        if not isinstance(env, FleetEnv):
-            raise ValueError(f"SessionPool: text sessions play Fleet environments; got "
-                             f"{getattr(env, 'name', type(env).__name__)}")
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"SessionPool: size must be a positive integer, got {size!r}")
+        task = text_task_class(env)  # before building any params
         self.env = env
         self.params = env.default_params if params is None else params
+        self.task = task(env, jax.device_get(self.params))
         self.size = int(size)
-        self._reset_fn, self._step_fn = _compiled(env)
+        # Environments whose reset and step read only their arguments share one compile
+        # per class (classic tasks: the scenario subset lives in the params).
+        self._reset_fn, self._step_fn = _compiled(
+            type(env)() if getattr(env, "params_only", False) else env)
         self._states = None
         self._keys = jax.random.split(jax.random.PRNGKey(seed), self.size)
-        self._host: list[Any] = [None] * self.size  # each session's scenario (NumPy)
+        self._host: list[Any] = [None] * self.size  # each session's state (NumPy)
         self._done = np.zeros(self.size, bool)
         self._rounds = np.zeros(self.size, np.int64)
-        self._max_rounds = int(self.params.max_steps)
         self.reset(seeds=[seed + i for i in range(self.size)])
+
+    @property
+    def system_prompt(self) -> str:
+        """The task's system message."""
+        return self.task.system_prompt
 
     # ---- episodes ----------------------------------------------------------------------
     def reset(self, sessions: Sequence[int] | None = None, *,
@@ -142,16 +181,16 @@ class SessionPool:
         self._fetch(idx)
         self._done[idx] = False
         self._rounds[idx] = 0
-        return [self._prompt(i) for i in idx]
+        return [self.task.observe(self._host[i]) for i in idx]
 
     def step(self, replies: Sequence[Any] | Mapping[int, Any]) -> list[StepResult | None]:
-        """Judge one round. ``replies``: one entry per session (``None``: that session does
-        not act this round) or a mapping ``{session: reply}``. Returns one :class:`StepResult`
+        """Judge one turn. ``replies``: one entry per session (``None``: that session does
+        not act this turn) or a mapping ``{session: reply}``. Returns one :class:`StepResult`
         per session (``None`` for those that did not act). A session whose episode is over
         gets a result saying so, with reward 0, until it is :meth:`reset`."""
         replies = self._reply_list(replies)
         results: list[StepResult | None] = [None] * self.size
-        parsed: dict[int, T.ParsedPlan] = {}
+        readings = {}
         for i, reply in enumerate(replies):
             if reply is None:
                 continue
@@ -160,43 +199,39 @@ class SessionPool:
                                         {"stage": "none", "reason": "episode over",
                                          "rules": [], "round": int(self._rounds[i])})
                 continue
-            text = reply if isinstance(reply, str) else None
-            parsed[i] = (T.parse_plan(text, self._tables[i]) if text is not None else
-                         T.ParsedPlan(None, T.NO_JSON, "the reply is not text"))
-        if not parsed:
+            readings[i] = self.task.read(reply if isinstance(reply, str) else None,
+                                         self._host[i])
+        if not readings:
             return results
-        idle = T.idle_plan(self._tables[0])
-        plans = [jax.tree.map(np.asarray, parsed[i].plan) if i in parsed
-                 and parsed[i].plan is not None else idle for i in range(self.size)]
-        actions = jax.tree.map(lambda *a: np.stack(a), *plans)
+        actions = [readings[i].action if i in readings and readings[i].action is not None
+                   else self.task.fallback(self._host[i]) for i in range(self.size)]
+        stacked = jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *actions)
         mask = np.zeros(self.size, bool)
-        mask[list(parsed)] = True
-        judged = self._host
-        keys, self._states, team, done, fired, metrics, safe = self._step_fn(
-            self._keys, self.params, self._states, actions, jnp.asarray(mask))
-        self._keys = keys
-        team, done, fired, metrics, safe = jax.device_get((team, done, fired, metrics, safe))
-        idx = sorted(parsed)
-        judged = {i: judged[i] for i in idx}
+        mask[list(readings)] = True
+        before = {i: self._host[i] for i in readings}
+        self._keys, self._states, reward, done, info = self._step_fn(
+            self._keys, self.params, self._states, stacked, jnp.asarray(mask))
+        reward, done, info = jax.device_get((reward, done, info))
+        idx = sorted(readings)
         self._fetch(idx)
         for i in idx:
-            p = parsed[i]
+            reading, one_info = readings[i], _one(info, i)
             self._rounds[i] += 1
             self._done[i] = bool(done[i])
-            one = functools.partial(jax.tree.map, lambda x, i=i: x[i])
-            stage = T.STAGE_NAMES[p.stage]
-            head = (f"Round {self._rounds[i]} of {self._max_rounds}. "
-                    + ("" if p.stage == T.VALID else
-                       f"Your reply was not a valid plan ({stage}: {p.reason}); "
-                       + ("it was judged as written.\n" if p.plan is not None else
-                          "no GPUs were placed this round.\n")))
-            body = render_feedback(judged[i], one(safe), one(metrics), fired[i], team[i])
+            r = self.task.reward(reward[i], one_info)
+            head = f"Turn {self._rounds[i]}. "
+            if not reading.valid:
+                head += (f"Your reply was not a valid action ({reading.stage}: "
+                         f"{reading.reason}); " + ("it was judged as written.\n"
+                                                   if reading.action is not None
+                                                   else self.task.fallback_note + "\n"))
+            body = self.task.feedback(before[i], reading, r, one_info, self._host[i])
             tail = ("\n\nThe episode is over." if self._done[i] else
-                    "\n\nThe cluster now:\n" + self._prompt(i))
-            results[i] = StepResult(head + body + tail, float(team[i]), bool(self._done[i]),
-                                    {"stage": stage, "reason": p.reason,
-                                     "rules": [RULE_NAMES[r] for r in np.flatnonzero(fired[i])],
-                                     "round": int(self._rounds[i])})
+                    "\n\n" + self.task.observe(self._host[i]))
+            rules = self.task.rules(one_info)
+            results[i] = StepResult(head + body + tail, r, bool(self._done[i]),
+                                    {"stage": reading.stage, "reason": reading.reason,
+                                     "rules": rules, "round": int(self._rounds[i])})
         return results
 
     # ---- views -------------------------------------------------------------------------
@@ -205,9 +240,14 @@ class SessionPool:
         """``[size]`` bool: which sessions' episodes are over."""
         return self._done.copy()
 
-    def scenario(self, session: int):
-        """Session ``session``'s current scenario (host arrays)."""
+    def state(self, session: int):
+        """Session ``session``'s current state (host arrays)."""
         return self._host[self._indices([session])[0]]
+
+    def scenario(self, session: int):
+        """Session ``session``'s current scenario (``Fleet-*``: host arrays; classic: the
+        index of its scenario in the params)."""
+        return self.state(session).scenario
 
     # ---- helpers -----------------------------------------------------------------------
     def _indices(self, sessions) -> list[int]:
@@ -236,20 +276,11 @@ class SessionPool:
         return list(replies)
 
     def _fetch(self, idx: list[int]) -> None:
-        """Host copies of the scenarios of sessions ``idx``: the pool's scenarios in one
-        transfer (a copy-free view on CPU), sliced on the host."""
-        host = jax.device_get(self._states.scenario)
-        if not hasattr(self, "_tables"):
-            self._tables: list[Any] = [None] * self.size
+        """Host copies of the states of sessions ``idx``: the pool's states in one transfer
+        (a copy-free view on CPU), sliced on the host."""
+        host = jax.device_get(self._states)
         for i in idx:
-            self._host[i] = jax.tree.map(lambda x, i=i: np.array(x[i]), host)
-            self._tables[i] = T.ScenarioTables.of(self._host[i])
-
-    def _prompt(self, i: int) -> str:
-        left = self._max_rounds - int(self._rounds[i])
-        return (T.render_scenario(self._tables[i])
-                + f"\n\nWrite the plan for every tenant ({left} round"
-                + ("s" if left != 1 else "") + " left).")
+            self._host[i] = _one(host, i)
 
 
 class TextSession:
@@ -263,13 +294,16 @@ class TextSession:
         (1, True)
     """
 
-    system_prompt = SESSION_SYSTEM_PROMPT
-
-    def __init__(self, env: str | FleetEnv = "Fleet-v0", *, params=None, seed: int = 0,
+    def __init__(self, env: str | Environment = "Fleet-v0", *, params=None, seed: int = 0,
                  **overrides):
         self._seed = int(seed)
         self._episodes = 0
         self.pool = SessionPool(env, 1, params=params, seed=seed, **overrides)
+
+    @property
+    def system_prompt(self) -> str:
+        """The task's system message."""
+        return self.pool.system_prompt
 
     def reset(self, seed: int | None = None) -> str:
         """A new episode (``seed``: default the session's seed, then its successors)."""
@@ -279,8 +313,9 @@ class TextSession:
         return self.pool.reset(seeds=[seed])[0]
 
     def step(self, text: Any) -> StepResult:
-        """Judge one reply; see :meth:`SessionPool.step`."""
-        return self.pool.step([text])[0]
+        """Judge one reply (anything: what is not text is a reply that cannot be read); see
+        :meth:`SessionPool.step`."""
+        return self.pool.step([_NOT_TEXT if text is None else text])[0]
 
     @property
     def done(self) -> bool:

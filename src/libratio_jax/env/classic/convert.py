@@ -53,8 +53,10 @@ def strategy_array(strategy: Mapping[str, Any] | None, where: str = "precision_s
 def precision_action_from_json(action: Mapping[str, Any]) -> PrecisionAction:
     """``{"precision_strategy": {...}}`` (missing or empty allowed) -> :class:`PrecisionAction`.
     """
-    return PrecisionAction(strategy=jnp.asarray(strategy_array(
-        action.get("precision_strategy") if isinstance(action, Mapping) else None)))
+    strategy = action.get("precision_strategy") if isinstance(action, Mapping) else None
+    if strategy is not None and not isinstance(strategy, Mapping):
+        raise ValueError("precision_strategy must map layer types to precisions")
+    return PrecisionAction(strategy=jnp.asarray(strategy_array(strategy)))
 
 
 def precision_action_to_json(action: PrecisionAction) -> dict:
@@ -69,7 +71,11 @@ def resource_action_from_json(action: Mapping[str, Any],
     """``{"allocations": {model_id: {"gpus": n, "precision_strategy": {...}}}}`` ->
     :class:`ResourceAction` in the scenario's model order."""
     ids = [m["model_id"] for m in scenario["models"]]
+    if action is not None and not isinstance(action, Mapping):
+        raise ValueError(f"a resource action must be a JSON object, got {type(action).__name__}")
     allocations = (action or {}).get("allocations") or {}
+    if not isinstance(allocations, Mapping):
+        raise ValueError("allocations must map model ids to {\"gpus\": n, ...}")
     gpus = np.zeros(MODEL_CAPACITY, np.int32)
     listed = np.zeros(MODEL_CAPACITY, bool)
     has = np.zeros(MODEL_CAPACITY, bool)
@@ -77,6 +83,8 @@ def resource_action_from_json(action: Mapping[str, Any],
     extra_zero = False
     for mid, alloc in allocations.items():
         alloc = alloc or {}
+        if not isinstance(alloc, Mapping):
+            raise ValueError(f"allocations[{mid!r}] must be an object like {{\"gpus\": 2}}")
         g = alloc.get("gpus", 0)
         if isinstance(g, bool) or not isinstance(g, (int, float)) or int(g) != g:
             raise ValueError(f"allocations[{mid!r}].gpus must be an integer, got {g!r}")

@@ -227,6 +227,10 @@ def _loss_features(loss, nan):
 class _MonitorEnv(Environment):
     """Shared reset and params of the two monitoring tasks (one agent, scalar reward)."""
 
+    # reset and step read only their arguments (params, state, action): instances that
+    # differ in their scenario names compute the same function (one compile serves all).
+    params_only = True
+
     name = "classic-monitoring"
     obs_size = 0
     needs_crash = False
