@@ -160,7 +160,8 @@ def test_every_tool_has_a_schema():
             fn = get_json_schema(f)["function"]
             names.add(fn["name"])
             params = inspect.signature(f).parameters
-            assert fn["parameters"].get("required", []) == [p for p in params if p != "self"]
+            assert fn["parameters"].get("required", []) == [
+                n for n, p in params.items() if n != "self" and p.default is p.empty]
     assert {"submit_plan", "set_precision", "propose_allocation", "continue_monitoring",
             "flag_instability", "diagnose", "reallocate", "verify"} <= names
 

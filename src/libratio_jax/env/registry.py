@@ -63,6 +63,24 @@ def _fleet(name: str, default_level: str | None):
     return factory
 
 
+def _oversight(name: str):
+    def factory(level: str = "medium", bank_size: int = 64, seed: int = 0, capacity=None,
+                case_probabilities=None):
+        from libratio_jax.env.fleet.oversight import (
+            DEFAULT_CASE_PROBABILITIES,
+            FleetOversightEnv,
+        )
+        from libratio_jax.physics.scenario import DEFAULT_CAPACITY
+
+        env = FleetOversightEnv(capacity or DEFAULT_CAPACITY, level=level, bank_size=bank_size,
+                                seed=seed, name=name,
+                                case_probabilities=case_probabilities
+                                or DEFAULT_CASE_PROBABILITIES)
+        return env, env.default_params
+
+    return factory
+
+
 def _register_builtin() -> None:
     from libratio_jax.env.classic import (
         ClassicOversightEnv,
@@ -78,6 +96,7 @@ def _register_builtin() -> None:
     for name, level in (("Fleet-v0", "medium"), ("Fleet-easy-v0", "easy"),
                         ("Fleet-hard-v0", "hard"), ("Fleet-presets-v0", None)):
         register(name, _fleet(name, level))
+    register("Fleet-Oversight-v0", _oversight("Fleet-Oversight-v0"))
 
 
 _register_builtin()

@@ -12,6 +12,8 @@ tools named after the task's actions:
 
 =============================  ===========================================================
 ``Fleet-*``                    ``submit_plan(plan)``
+``Fleet-Oversight-v0``         ``continue_monitoring()``, ``flag_instability(tenant, step,
+                               failure, layer, format)``
 ``Classic-FleetPrecision-v0``  ``set_precision(strategy)``
 ``Classic-FleetResource-v0``   ``propose_allocation(allocations)``
 ``Classic-FleetOversight-v0``  ``continue_monitoring()``, ``flag_instability(model, step,
@@ -54,6 +56,7 @@ from libratio_jax.env.classic import (
     ClassicResourceEnv,
 )
 from libratio_jax.env.fleet.env import FleetEnv
+from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.registry import make
 from libratio_jax.text.session import TextSession, text_task_class
 
@@ -131,6 +134,31 @@ class FleetEnvironment(SessionEnvironment):
             plan: The plan as JSON text, e.g. {"tenants": [{"id": 0, "gpus": 4, "tp": 2}]}
         """
         return self._act(plan, 'a plan as JSON text: {"tenants": [{"id": 0, "gpus": 4, ...}]}')
+
+
+class FleetOversightEnvironment(SessionEnvironment):
+    tool_note = "Act with the continue_monitoring and flag_instability tools."
+    env_type = FleetOversightEnv
+
+    def continue_monitoring(self) -> str:
+        """Keep watching: shows the next window of every run's loss and step time."""
+        return self._act(json.dumps({"action_type": "continue_monitoring"}), "no arguments")
+
+    def flag_instability(self, tenant: int, step: int, failure: str, layer: str = "",
+                         format: str = "") -> str:
+        """Flag the failing run; ends the episode.
+
+        Args:
+            tenant: The failing tenant's id
+            step: The step at which its failure started
+            failure: The failure kind: diverge, oom, slowdown or gpu_failure
+            layer: For a divergence, the layer kind that caused it, e.g. embedding
+            format: For a divergence, that layer's numeric format, e.g. fp8_e4m3
+        """
+        action = {"action_type": "flag_instability", "tenant": tenant, "step": step,
+                  "failure": failure}
+        action.update({k: v for k, v in (("layer", layer), ("format", format)) if v})
+        return self._act(json.dumps(action), "a tenant id, a step, a failure kind")
 
 
 class PrecisionEnvironment(SessionEnvironment):
@@ -222,8 +250,8 @@ class RecoveryEnvironment(SessionEnvironment):
 
 
 ENVIRONMENTS: tuple[type[SessionEnvironment], ...] = (
-    FleetEnvironment, PrecisionEnvironment, ResourceEnvironment, OversightEnvironment,
-    RecoveryEnvironment)
+    FleetEnvironment, FleetOversightEnvironment, PrecisionEnvironment, ResourceEnvironment,
+    OversightEnvironment, RecoveryEnvironment)
 
 
 def _object_text(key: str, value: str) -> str:

@@ -16,8 +16,7 @@ from libratio_jax.env.classic import monitoring as MON
 from libratio_jax.env.classic import monitoring_rules as MR
 from libratio_jax.env.classic import rules as CR
 from libratio_jax.env.classic.env import preset_scenarios
-from libratio_jax.text import codec as T
-from libratio_jax.text.task import Reading, TextTask
+from libratio_jax.text.task import Reading, TextTask, read_json_action
 
 _PRECISIONS = ", ".join(CR.PRECISIONS)
 _TYPES = ", ".join(CR.LAYER_TYPES)
@@ -26,22 +25,6 @@ _COMMON = (f"Layer types: {_TYPES}. Precisions: {_PRECISIONS} (bytes per paramet
            "Lower precision saves memory and runs faster, but embeddings and the output layer "
            "lose stability below FP32, layernorm and attention below BF16 (FP8 embeddings or "
            "outputs are unstable).")
-
-
-def _json_reading(reply, shaped, expected: str, convert) -> Reading:
-    """The last JSON answer of ``reply`` (the never-raising extractor) through ``convert``
-    (a ValueError there: ``not_a_plan`` with its message)."""
-    if reply is None:
-        return Reading(None, "no_json", "the reply is not text")
-    obj, stage, reason = T.extract_json(reply, shaped, expected)
-    if stage != T.VALID:
-        return Reading(None, T.STAGE_NAMES[stage], reason)
-    try:
-        return Reading(convert(obj), "valid")
-    except ValueError as e:
-        return Reading(None, "not_a_plan", T.shorten(e))
-    except Exception as e:  # noqa: BLE001 - by design a reply never raises
-        return Reading(None, "not_a_plan", T.shorten(f"cannot read this action: {e!r}"))
 
 
 def _is_object(obj: Any) -> bool:
@@ -95,7 +78,7 @@ class PrecisionTextTask(_FleetScenarioTask):
             if obj and set(obj) <= set(CR.LAYER_TYPES):  # a bare strategy
                 obj = {"precision_strategy": obj}
             return CV.precision_action_from_json(obj)
-        return _json_reading(reply, _is_object, '{"precision_strategy": {...}}', convert)
+        return read_json_action(reply, _is_object, '{"precision_strategy": {...}}', convert)
 
     def fallback(self, state):
         return CV.precision_action_from_json({})
@@ -128,7 +111,7 @@ class ResourceTextTask(_FleetScenarioTask):
 
     def read(self, reply, state) -> Reading:
         sc = self.scenario(state)
-        return _json_reading(reply, _is_object, '{"allocations": {...}}',
+        return read_json_action(reply, _is_object, '{"allocations": {...}}',
                              lambda obj: CV.resource_action_from_json(obj, sc))
 
     def fallback(self, state):
@@ -178,7 +161,7 @@ class OversightTextTask(_MonitorTask):
 
     def read(self, reply, state) -> Reading:
         sc = self.scenario(state)
-        return _json_reading(reply, _is_object, '{"action_type": ...}',
+        return read_json_action(reply, _is_object, '{"action_type": ...}',
                              lambda obj: CV.oversight_action_from_json(obj, sc))
 
     def fallback(self, state):
@@ -222,7 +205,7 @@ class RecoveryTextTask(_MonitorTask):
 
     def read(self, reply, state) -> Reading:
         sc = self.scenario(state)
-        return _json_reading(reply, _is_object, '{"reasoning": ..., ...}',
+        return read_json_action(reply, _is_object, '{"reasoning": ..., ...}',
                              lambda obj: CV.recovery_action_from_json(obj, sc))
 
     def fallback(self, state):

@@ -43,9 +43,14 @@ from libratio_jax.env.classic import (
     ClassicResourceEnv,
 )
 from libratio_jax.env.fleet.env import FleetEnv
+from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.registry import make
 from libratio_jax.text import classic_tasks as CT
-from libratio_jax.text.fleet_task import SESSION_SYSTEM_PROMPT, FleetTextTask
+from libratio_jax.text.fleet_task import (
+    SESSION_SYSTEM_PROMPT,
+    FleetOversightTextTask,
+    FleetTextTask,
+)
 from libratio_jax.text.task import TextTask
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
@@ -54,6 +59,7 @@ __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", 
 # The text task of each environment family.
 TEXT_TASKS: tuple[tuple[type, type[TextTask]], ...] = (
     (FleetEnv, FleetTextTask),
+    (FleetOversightEnv, FleetOversightTextTask),
     (ClassicPrecisionEnv, CT.PrecisionTextTask),
     (ClassicResourceEnv, CT.ResourceTextTask),
     (ClassicOversightEnv, CT.OversightTextTask),

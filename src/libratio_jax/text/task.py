@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from libratio_jax.text import codec as T
+
 VALID = "valid"
 
 
@@ -63,3 +65,20 @@ class TextTask:
 
     def feedback(self, before, reading: Reading, reward: float, info, after) -> str:
         return f"Score {reward:.3f}."
+
+
+def read_json_action(reply, shaped, expected: str, convert) -> Reading:
+    """A :class:`Reading` of the last JSON answer in ``reply`` (``codec.extract_json``, which
+    never raises, with ``shaped`` telling an answer; ``expected`` its form, for the reason)
+    through ``convert`` (any exception there: ``not_a_plan`` with its message)."""
+    if reply is None:
+        return Reading(None, "no_json", "the reply is not text")
+    obj, stage, reason = T.extract_json(reply, shaped, expected)
+    if stage != T.VALID:
+        return Reading(None, T.STAGE_NAMES[stage], reason)
+    try:
+        return Reading(convert(obj), "valid")
+    except ValueError as e:
+        return Reading(None, "not_a_plan", T.shorten(e))
+    except Exception as e:  # noqa: BLE001 - by design a reply never raises
+        return Reading(None, "not_a_plan", T.shorten(f"cannot read this action: {e!r}"))
