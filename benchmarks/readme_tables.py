@@ -164,9 +164,21 @@ def session_throughput() -> str:
     return _table(("device", "sessions", "one round of the pool", "session-rounds/s"), rows)
 
 
+def oversight_baselines() -> str:
+    d = _load(EXPER, "oversight_baselines.json")
+    if d is None:
+        return "(no experiments/results/oversight_baselines.json yet)\n"
+    rows = [(r["policy"], f"{r['episodes']:,}", f"{r['mean_reward']:.3f}",
+             f"{r['mean_reward_failures']:.3f}", f"{r['mean_reward_no_failure']:.3f}",
+             f"{r['detection_rate']:.2f}", f"{r['false_alarm_rate']:.2f}") for r in d["table"]]
+    return _table(("policy", "episodes", "mean reward", "with a failure", "without",
+                   "detection rate", "false alarms"), rows)
+
+
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
-    difference_rewards, classic_throughput, greedy_policy, session_throughput)}
+    difference_rewards, classic_throughput, greedy_policy, session_throughput,
+    oversight_baselines)}
 
 
 def render(text: str) -> str:

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import baselines  # noqa: E402
 import difference_rewards  # noqa: E402
 import jax_grpo  # noqa: E402
+import oversight_baselines  # noqa: E402
 import trl_multiturn  # noqa: E402
 from common import recipes  # noqa: E402
 
@@ -125,3 +126,16 @@ def test_trl_multiturn_two_steps_on_cpu(tmp_path):
     assert s["weights_changed"]
     saved = json.loads((tmp_path / "trl_multiturn.json").read_text())
     assert saved["rollout_rewards"] == s["rollout_rewards"]
+
+
+def test_oversight_baselines_tiny(tmp_path):
+    s = oversight_baselines.main(["--episodes", "64", "--bank-size", "4",
+                                  "--out-dir", str(tmp_path)])
+    rows = {r["policy"]: r for r in s["table"]}
+    assert set(rows) == {"watch only", "random flags", "threshold detector"}
+    assert sum(s["cases"].values()) == 64
+    for r in rows.values():
+        assert 0.0 <= r["mean_reward"] <= 0.99 and 0.0 <= r["detection_rate"] <= 1.0
+    assert rows["watch only"]["detection_rate"] == 0.0
+    saved = json.loads((tmp_path / "oversight_baselines.json").read_text())
+    assert saved["table"] == s["table"]

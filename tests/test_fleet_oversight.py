@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.agents.oversight import always_continue, threshold_flag
+from libratio_jax.agents.oversight import (
+    always_continue,
+    final_rewards,
+    random_flag,
+    threshold_flag,
+)
 from libratio_jax.env.fleet import oversight as O
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import stability as S
@@ -95,36 +100,19 @@ def test_grading(made):
     for e, final in [(quiet[0], 0.95), (failures[0], 0.10)]:
         s = one(e)
         for _ in range(O.WINDOWS):
-            _, s, r, done, _, _ = step(jax.random.PRNGKey(0), s, always_continue(None, m), params)
+            a = always_continue(None, None, m)
+            _, s, r, done, _, _ = step(jax.random.PRNGKey(0), s, a, params)
         assert bool(done) and float(r) == pytest.approx(final)
-
-
-def final_rewards(env, params, policies, n=N, seed=7):
-    """``[len(policies), n]``: each policy's last reward (the flag's or the end's) over ``n``
-    episodes (one jitted call for all policies)."""
-    m = env.capacity.max_tenants
-
-    def play(policy, key):
-        obs, s = env.reset(key, params)
-
-        def body(carry, k):
-            obs, s, final = carry
-            obs2, s2, r, _, _, _ = env.step(k, s, policy(obs, m), params)
-            return (obs2, s2, jnp.where(s.done, final, r)), None
-
-        (_, _, final), _ = jax.lax.scan(body, (obs, s, 0.0), jax.random.split(key, O.WINDOWS))
-        return final
-
-    keys = jax.random.split(jax.random.PRNGKey(seed), n)
-    run = jax.jit(lambda k: jnp.stack([jax.vmap(lambda kk, p=p: play(p, kk))(k)
-                                       for p in policies]))
-    return np.asarray(run(keys))
 
 
 def test_threshold_detector_beats_watching(made):
     env, params, _, _ = made
-    watch, detect = final_rewards(env, params, [always_continue, threshold_flag])
-    assert np.isfinite(detect).all() and detect.mean() > watch.mean() + 0.05
+    rewards, cases = final_rewards(env, params, [always_continue, random_flag, threshold_flag],
+                                   N, seed=7)
+    watch, rand, detect = np.asarray(rewards)
+    assert np.isfinite(detect).all() and detect.mean() > max(watch.mean(), rand.mean()) + 0.05
+    failed = np.asarray(cases) < len(O.FAILURES)
+    assert (watch[failed] == pytest.approx(0.10)) and (watch[~failed] == pytest.approx(0.95))
 
 
 def test_text_session_reads_flags(made):

@@ -5,17 +5,21 @@
 its first NaN step, as ``diverge`` with the usual suspect (the embedding) when the loss more
 than doubled over the steps before, else as ``oom``; failing that, flag a tenant whose step time
 stayed above ``SLOWDOWN_RATIO`` times its healthy value for ``SLOWDOWN_STEPS`` steps, as
-``slowdown``; else continue monitoring. :func:`always_continue` never flags.
+``slowdown``; else continue monitoring. :func:`always_continue` never flags;
+:func:`random_flag` flags a random tenant, step and cause in a random window.
+Policies take ``(key, obs, num_tenants)``; :func:`final_rewards` plays them.
 
     >>> import jax, libratio_jax as lj
     >>> env, params = lj.make("Fleet-Oversight-v0", bank_size=4)
     >>> obs, state = env.reset(jax.random.PRNGKey(0), params)
-    >>> int(threshold_flag(obs, env.capacity.max_tenants).action_type) in (0, 1)
+    >>> key = jax.random.PRNGKey(1)
+    >>> int(threshold_flag(key, obs, env.capacity.max_tenants).action_type) in (0, 1)
     True
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from libratio_jax.env.fleet.oversight import FAILURES, WINDOW, WINDOWS, OversightFlag
@@ -34,8 +38,22 @@ def _split(obs, num_tenants: int):
     return w, per[:, :WINDOW], per[:, WINDOW:2 * WINDOW], per[:, -1] > 0.5
 
 
-def always_continue(obs, num_tenants: int) -> OversightFlag:
+def always_continue(key, obs, num_tenants: int) -> OversightFlag:
+    del key
     return _flag(0, jnp.zeros(num_tenants, bool), 0, -1, -1)
+
+
+def random_flag(key, obs, num_tenants: int) -> OversightFlag:
+    """Flag with probability 1/WINDOWS per window: a random tenant, step of the window and
+    failure kind."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    w = jnp.round(obs[0] * WINDOWS).astype(jnp.int32)
+    flag = jax.random.uniform(k1) < 1.0 / WINDOWS
+    tenant = jax.random.randint(k2, (), 0, num_tenants)
+    step = w * WINDOW + jax.random.randint(k3, (), 0, WINDOW)
+    kind = jax.random.randint(k4, (), 0, len(FAILURES))
+    return _flag(flag.astype(jnp.int32), (jnp.arange(num_tenants) == tenant) & flag, step,
+                 kind, -1)
 
 
 def _flag(action_type, tenants, step, kind, layer) -> OversightFlag:
@@ -46,8 +64,9 @@ def _flag(action_type, tenants, step, kind, layer) -> OversightFlag:
         formats=jnp.zeros(F.NUM_FORMATS, bool))
 
 
-def threshold_flag(obs, num_tenants: int) -> OversightFlag:
+def threshold_flag(key, obs, num_tenants: int) -> OversightFlag:
     """The threshold detector's action for one observation (see the module docstring)."""
+    del key
     w, loss, ratio, running = _split(obs, num_tenants)
     nan = (loss < 0) & running[:, None]
     crashed = jnp.sum(nan, axis=1) >= NAN_STEPS
@@ -70,3 +89,29 @@ def threshold_flag(obs, num_tenants: int) -> OversightFlag:
     flag = any_crash | any_slow
     return _flag(flag.astype(jnp.int32), (jnp.arange(num_tenants) == tenant) & flag,
                  step, kind, jnp.where(any_crash & diverge, A.EMBEDDING, -1))
+
+
+def final_rewards(env, params, policies, n: int, seed: int = 0):
+    """``[len(policies), n]`` each policy's final reward (the flag's, or the end's) and
+    ``[n]`` the episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys
+    of ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
+    m = env.capacity.max_tenants
+
+    def play(policy, key):
+        k_reset, k_run = jax.random.split(key)
+        obs, s = env.reset(k_reset, params)
+
+        def body(carry, k):
+            obs, s, final = carry
+            k_act, k_step = jax.random.split(k)
+            obs2, s2, r, _, _, _ = env.step(k_step, s, policy(k_act, obs, m), params)
+            return (obs2, s2, jnp.where(s.done, final, r)), None
+
+        (_, _, final), _ = jax.lax.scan(body, (obs, s, 0.0), jax.random.split(k_run, WINDOWS))
+        return final, s.truth_kind
+
+    def run(keys):
+        out = [jax.vmap(lambda k, p=p: play(p, k))(keys) for p in policies]
+        return jnp.stack([r for r, _ in out]), out[0][1]
+
+    return jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))
