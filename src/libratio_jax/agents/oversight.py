@@ -9,12 +9,12 @@ stayed above ``SLOWDOWN_RATIO`` times its healthy value for ``SLOWDOWN_STEPS`` s
 :func:`random_flag` flags a random tenant, step and cause in a random window.
 Policies take ``(key, obs, num_tenants)``; :func:`final_rewards` plays them.
 
-    >>> import jax, libratio_jax as lj
-    >>> env, params = lj.make("Fleet-Oversight-v0", bank_size=4)
-    >>> obs, state = env.reset(jax.random.PRNGKey(0), params)
-    >>> key = jax.random.PRNGKey(1)
-    >>> int(threshold_flag(key, obs, env.capacity.max_tenants).action_type) in (0, 1)
-    True
+    >>> import jax, jax.numpy as jnp
+    >>> from libratio_jax.env.fleet.oversight import FleetOversightEnv
+    >>> env = FleetOversightEnv()
+    >>> quiet = jnp.zeros(env.obs_size).at[2 + 2 * WINDOW::2 * WINDOW + 1].set(1.0)  # running
+    >>> int(threshold_flag(jax.random.PRNGKey(1), quiet, env.capacity.max_tenants).action_type)
+    0
 """
 
 from __future__ import annotations

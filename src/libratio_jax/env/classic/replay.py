@@ -51,8 +51,9 @@ _ROLLOUTS = {k: jax.jit(jax.vmap(lambda p, a, n, env=env: _rollout(env, p, a, n)
              for k, env in _ENVS.items()}
 
 
-def _episode_inputs(data: Mapping[str, Any], task: str, ep: Mapping[str, Any]):
-    """``(host tables, [actions], padding action, params class)`` of one logged episode."""
+def _episode_inputs(data: Mapping[str, Any], task: str, ep: Mapping[str, Any], tables: dict):
+    """``(host tables, [actions], padding action, params class)`` of one logged episode
+    (``tables``: a cache of the scenarios' tables, filled here)."""
     if task in ("fleet_precision", "fleet_resource"):
         sc = data["scenarios"][ep["scenario_id"]]
         if task == "fleet_precision":
@@ -61,7 +62,10 @@ def _episode_inputs(data: Mapping[str, Any], task: str, ep: Mapping[str, Any]):
         else:
             acts = [resource_action_from_json(s["action"], sc) for s in ep["steps"]]
             pad = resource_action_from_json({}, sc)
-        return _scenario_tables(sc), acts, pad, ClassicParams
+        key = ("fleet", ep["scenario_id"])
+        if key not in tables:
+            tables[key] = _scenario_tables(sc)
+        return tables[key], acts, pad, ClassicParams
     sid = ep["scenario_id"]
     if task == "fleet_recovery":
         sid = sid.removeprefix("recovery_")
@@ -70,7 +74,10 @@ def _episode_inputs(data: Mapping[str, Any], task: str, ep: Mapping[str, Any]):
                else recovery_action_from_json)
     acts = [convert(s["action"], sc) for s in ep["steps"]]
     pad = convert({}, sc)
-    return MON._scenario_tables(sc, data["fleet_scenarios"]), acts, pad, MON.MonitorParams
+    key = ("monitoring", sid)
+    if key not in tables:
+        tables[key] = MON._scenario_tables(sc, data["fleet_scenarios"])
+    return tables[key], acts, pad, MON.MonitorParams
 
 
 def replay_scores(data: Mapping[str, Any]) -> list[list[float]]:
@@ -81,6 +88,7 @@ def replay_scores(data: Mapping[str, Any]) -> list[list[float]]:
     (fleet_oversight; fleet_recovery, whose scenario ids are ``recovery_<oversight id>``)."""
     episodes = list(data["episodes"])
     out: list[list[float] | None] = [None] * len(episodes)
+    tables: dict = {}
     for task in _ENVS:
         idx = [i for i, ep in enumerate(episodes) if ep["task_id"] == task]
         if not idx:
@@ -88,8 +96,8 @@ def replay_scores(data: Mapping[str, Any]) -> list[list[float]]:
         t_max = max(max(len(episodes[i]["steps"]) for i in idx), 1)
         params, actions, lengths = [], [], []
         for i in idx:
-            tables, acts, pad, params_cls = _episode_inputs(data, task, episodes[i])
-            params.append(tables)
+            host, acts, pad, params_cls = _episode_inputs(data, task, episodes[i], tables)
+            params.append(host)
             acts += [pad] * (t_max - len(acts))
             actions.append(jax.tree.map(lambda *a: np.stack(a), *acts))
             lengths.append(len(episodes[i]["steps"]))
