@@ -123,6 +123,10 @@ def test_text_session_reads_flags(made):
     s.reset()
     state = s.pool.state(0)
     m = env.capacity.max_tenants
+    for reply in ("no idea", None, '{"action_type": "panic"}'):  # read as continue_monitoring
+        r = s.step(reply)
+        assert r.info["stage"] != "valid" and not r.done and "continue_monitoring" in r.feedback
+    s.reset()
     r = s.step('{"action_type": "flag_instability", "tenant": [0, 1], "step": 3, '
                '"failure": "oom"}')
     assert r.done and r.reward == pytest.approx(0.01) and r.info["rules"] == ["flag_everything"]

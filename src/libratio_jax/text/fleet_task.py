@@ -110,7 +110,8 @@ class FleetOversightTextTask(TextTask):
         text = f"Score {reward:.3f}."
         if bool(info["flag_everything"]):
             text += " You named several tenants or causes (flag_everything)."
-        if bool(after.done) and int(np.asarray(reading.action.action_type)) == 1:
+        flagged = reading.action is not None and int(np.asarray(reading.action.action_type)) == 1
+        if bool(after.done) and flagged:
             kind = CASES[int(info["truth_kind"])]
             text += (f" What happened: {kind}" + (
                 f" of tenant {int(info['truth_tenant'])} from step {int(info['truth_step'])}."
