@@ -40,7 +40,28 @@ def _model_lines(models) -> list[str]:
             for m in models]
 
 
-class _FleetScenarioTask(TextTask):
+class _ClassicTextTask(TextTask):
+    """A classic task: the reply is the original's JSON action (:meth:`convert` turns it into
+    arrays); a reply that cannot be read is judged as ``empty_action``."""
+
+    expected = "{...}"  # the answer's form, for the reason
+    empty_action: dict = {}
+
+    def scenario(self, state) -> dict:
+        raise NotImplementedError
+
+    def convert(self, obj, state):
+        raise NotImplementedError
+
+    def read(self, reply, state) -> Reading:
+        return read_json_action(reply, _is_object, self.expected,
+                                lambda obj: self.convert(obj, state))
+
+    def fallback(self, state):
+        return self.convert(self.empty_action, state)
+
+
+class _FleetScenarioTask(_ClassicTextTask):
     """Precision and resource: the seven fleets."""
 
     def scenario(self, state) -> dict:
@@ -73,15 +94,12 @@ class PrecisionTextTask(_FleetScenarioTask):
                           f"Write the precision strategy for {models[i]['model_id']} "
                           f"(model {i + 1} of {len(models)})."])
 
-    def read(self, reply, state) -> Reading:
-        def convert(obj):
-            if obj and set(obj) <= set(CR.LAYER_TYPES):  # a bare strategy
-                obj = {"precision_strategy": obj}
-            return CV.precision_action_from_json(obj)
-        return read_json_action(reply, _is_object, '{"precision_strategy": {...}}', convert)
+    expected = '{"precision_strategy": {...}}'
 
-    def fallback(self, state):
-        return CV.precision_action_from_json({})
+    def convert(self, obj, state):
+        if obj and set(obj) <= set(CR.LAYER_TYPES):  # a bare strategy
+            obj = {"precision_strategy": obj}
+        return CV.precision_action_from_json(obj)
 
     def feedback(self, before, reading, reward, info, after) -> str:
         if bool(info["ird"]):
@@ -109,13 +127,10 @@ class ResourceTextTask(_FleetScenarioTask):
         return "\n".join([self._cluster(sc), "Models:", *_model_lines(sc["models"]),
                           f"Write an allocation proposal ({left} left)."])
 
-    def read(self, reply, state) -> Reading:
-        sc = self.scenario(state)
-        return read_json_action(reply, _is_object, '{"allocations": {...}}',
-                             lambda obj: CV.resource_action_from_json(obj, sc))
+    expected = '{"allocations": {...}}'
 
-    def fallback(self, state):
-        return CV.resource_action_from_json({}, self.scenario(state))
+    def convert(self, obj, state):
+        return CV.resource_action_from_json(obj, self.scenario(state))
 
     def feedback(self, before, reading, reward, info, after) -> str:
         if bool(info["ird"]):
@@ -131,7 +146,7 @@ def _loss_text(values) -> str:
                      else f"{x:.4g}" for x in values)
 
 
-class _MonitorTask(TextTask):
+class _MonitorTask(_ClassicTextTask):
     def scenario(self, state) -> dict:
         return MON.monitoring_scenarios()["oversight_scenarios"][
             self.env.scenario_names[int(state.scenario)]]
@@ -159,13 +174,11 @@ class OversightTextTask(_MonitorTask):
             lines.append(f"  {mid} ({cfg}): loss {_loss_text(seg)}")
         return "\n".join(lines + ["Keep watching or flag the crashing run."])
 
-    def read(self, reply, state) -> Reading:
-        sc = self.scenario(state)
-        return read_json_action(reply, _is_object, '{"action_type": ...}',
-                             lambda obj: CV.oversight_action_from_json(obj, sc))
+    expected = '{"action_type": ...}'
+    empty_action = {"action_type": "invalid"}
 
-    def fallback(self, state):
-        return CV.oversight_action_from_json({"action_type": "invalid"}, self.scenario(state))
+    def convert(self, obj, state):
+        return CV.oversight_action_from_json(obj, self.scenario(state))
 
     def feedback(self, before, reading, reward, info, after) -> str:
         if not bool(info["valid"]):
@@ -203,13 +216,10 @@ class RecoveryTextTask(_MonitorTask):
               for line, m in zip(_model_lines(fleet["models"]), fleet["models"], strict=True)],
             f"Phase: {phase} ({left} turn{'s' if left != 1 else ''} left)."])
 
-    def read(self, reply, state) -> Reading:
-        sc = self.scenario(state)
-        return read_json_action(reply, _is_object, '{"reasoning": ..., ...}',
-                             lambda obj: CV.recovery_action_from_json(obj, sc))
+    expected = '{"reasoning": ..., ...}'
 
-    def fallback(self, state):
-        return CV.recovery_action_from_json({}, self.scenario(state))
+    def convert(self, obj, state):
+        return CV.recovery_action_from_json(obj, self.scenario(state))
 
     def feedback(self, before, reading, reward, info, after) -> str:
         if not bool(info["valid"]):
