@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import data_path
 
 import libratio_jax as lj
+from conftest import data_path, max_score_error
 from libratio_jax.env import classic as C
 from libratio_jax.env.classic import rules as CR
 
@@ -21,21 +21,12 @@ def vectors():
         return json.load(f)
 
 
-def _max_err(data, got):
-    worst = 0.0
-    for ep, g in zip(data["episodes"], got, strict=True):
-        assert len(g) == len(ep["steps"])
-        for s, x in zip(ep["steps"], g, strict=True):
-            worst = max(worst, abs(s["score"] - x))
-    return worst
-
-
 def test_jax_replay_matches_original_scores(vectors):
-    assert _max_err(vectors, C.replay_scores(vectors)) <= 1e-6
+    assert max_score_error(vectors, C.replay_scores(vectors)) <= 1e-6
 
 
 def test_python_rules_match_original_scores(vectors):
-    assert _max_err(vectors, CR.replay_scores_python(vectors)) <= 1e-12
+    assert max_score_error(vectors, CR.replay_scores_python(vectors)) <= 1e-12
 
 
 def test_presets_are_the_original_scenarios(vectors):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from conftest import data_path
+from conftest import data_path, max_score_error
 from libratio_jax.env import classic as C
 from libratio_jax.env.classic import monitoring_rules as MR
 from libratio_jax.env.classic import rules as CR
@@ -24,14 +24,6 @@ def vectors():
         return json.load(f)
 
 
-def _max_err(data, got):
-    worst = 0.0
-    for ep, g in zip(data["episodes"], got, strict=True):
-        assert len(g) == len(ep["steps"])
-        worst = max([worst] + [abs(s["score"] - x) for s, x in zip(ep["steps"], g, strict=True)])
-    return worst
-
-
 def test_vectors_cover_both_tasks_and_every_crash(vectors):
     tasks = {ep["task_id"] for ep in vectors["episodes"]}
     assert tasks == set(TASK_ENVS) and len(vectors["episodes"]) == 160
@@ -41,11 +33,11 @@ def test_vectors_cover_both_tasks_and_every_crash(vectors):
 
 
 def test_jax_replay_matches_original_scores(vectors):
-    assert _max_err(vectors, C.replay_scores(vectors)) <= 1e-6
+    assert max_score_error(vectors, C.replay_scores(vectors)) <= 1e-6
 
 
 def test_python_rules_match_original_scores_and_ends(vectors):
-    assert _max_err(vectors, MR.replay_monitoring_python(vectors)) <= 1e-12
+    assert max_score_error(vectors, MR.replay_monitoring_python(vectors)) <= 1e-12
     for ep in vectors["episodes"]:
         task = MR.make_task(vectors, ep["task_id"], ep["scenario_id"])
         assert [task.step(s["action"])[1] for s in ep["steps"]] == [s["done"]
