@@ -8,15 +8,13 @@ goes on)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from libratio_jax.env.classic import convert as CV
 from libratio_jax.env.classic import monitoring as MON
 from libratio_jax.env.classic import monitoring_rules as MR
 from libratio_jax.env.classic import rules as CR
 from libratio_jax.env.classic.env import preset_scenarios
-from libratio_jax.text.task import Reading, TextTask, read_json_action
+from libratio_jax.text.task import Reading, TextTask, is_json_object, read_json_action
 
 _PRECISIONS = ", ".join(CR.PRECISIONS)
 _TYPES = ", ".join(CR.LAYER_TYPES)
@@ -25,12 +23,6 @@ _COMMON = (f"Layer types: {_TYPES}. Precisions: {_PRECISIONS} (bytes per paramet
            "Lower precision saves memory and runs faster, but embeddings and the output layer "
            "lose stability below FP32, layernorm and attention below BF16 (FP8 embeddings or "
            "outputs are unstable).")
-
-
-def _is_object(obj: Any) -> bool:
-    """Any JSON object is an action of the classic tasks (the original reads what it knows
-    and defaults the rest)."""
-    return isinstance(obj, Mapping)
 
 
 def _model_lines(models) -> list[str]:
@@ -47,14 +39,22 @@ class _ClassicTextTask(TextTask):
     expected = "{...}"  # the answer's form, for the reason
     empty_action: dict = {}
 
-    def scenario(self, state) -> dict:
+    def __init__(self, env, params):
+        super().__init__(env, params)
+        self._scenarios = self.load_scenarios()  # the original's scenario dicts, read once
+
+    def load_scenarios(self) -> dict:
         raise NotImplementedError
+
+    def scenario(self, state) -> dict:
+        """The original's dict of the session's scenario."""
+        return self._scenarios[self.env.scenario_names[int(state.scenario)]]
 
     def convert(self, obj, state):
         raise NotImplementedError
 
     def read(self, reply, state) -> Reading:
-        return read_json_action(reply, _is_object, self.expected,
+        return read_json_action(reply, is_json_object, self.expected,
                                 lambda obj: self.convert(obj, state))
 
     def fallback(self, state):
@@ -64,8 +64,8 @@ class _ClassicTextTask(TextTask):
 class _FleetScenarioTask(_ClassicTextTask):
     """Precision and resource: the seven fleets."""
 
-    def scenario(self, state) -> dict:
-        return preset_scenarios()[self.env.scenario_names[int(state.scenario)]]
+    def load_scenarios(self) -> dict:
+        return preset_scenarios()
 
     def _cluster(self, sc) -> str:
         c = sc["cluster"]
@@ -82,6 +82,7 @@ class PrecisionTextTask(_FleetScenarioTask):
         '{"precision_strategy": {"embedding": "FP32", "attention": "BF16", "ffn": "FP8", '
         '"layernorm": "BF16", "output": "FP32"}}')
     fallback_note = "it was judged as an empty strategy (0.01)."
+    expected = '{"precision_strategy": {...}}'
 
     def observe(self, state) -> str:
         sc = self.scenario(state)
@@ -93,8 +94,6 @@ class PrecisionTextTask(_FleetScenarioTask):
                           f"{sc['cluster']['total_memory_gb']} GB.",
                           f"Write the precision strategy for {models[i]['model_id']} "
                           f"(model {i + 1} of {len(models)})."])
-
-    expected = '{"precision_strategy": {...}}'
 
     def convert(self, obj, state):
         if obj and set(obj) <= set(CR.LAYER_TYPES):  # a bare strategy
@@ -120,14 +119,13 @@ class ResourceTextTask(_FleetScenarioTask):
         '"precision_strategy": {"ffn": "FP8", ...}}, ...}} (a missing strategy is the default '
         "one: embedding FP32, attention BF16, ffn FP8, layernorm BF16, output FP32).")
     fallback_note = "it was judged as no allocation (0.01)."
+    expected = '{"allocations": {...}}'
 
     def observe(self, state) -> str:
         sc = self.scenario(state)
         left = int(self.params.max_steps[int(state.scenario)]) - int(state.t)
         return "\n".join([self._cluster(sc), "Models:", *_model_lines(sc["models"]),
                           f"Write an allocation proposal ({left} left)."])
-
-    expected = '{"allocations": {...}}'
 
     def convert(self, obj, state):
         return CV.resource_action_from_json(obj, self.scenario(state))
@@ -147,9 +145,12 @@ def _loss_text(values) -> str:
 
 
 class _MonitorTask(_ClassicTextTask):
-    def scenario(self, state) -> dict:
-        return MON.monitoring_scenarios()["oversight_scenarios"][
-            self.env.scenario_names[int(state.scenario)]]
+    """Oversight and recovery: the eight loss-trajectory scenarios and their fleets."""
+
+    def load_scenarios(self) -> dict:
+        data = MON.monitoring_scenarios()
+        self.fleets = data["fleet_scenarios"]
+        return data["oversight_scenarios"]
 
 
 class OversightTextTask(_MonitorTask):
@@ -162,6 +163,8 @@ class OversightTextTask(_MonitorTask):
         '{"action_type": "continue_monitoring"} or {"action_type": "flag_instability", '
         '"flagged_model": "model_b", "flagged_step": 35, "root_cause": "..."}')
     fallback_note = "it was judged as an invalid action (0.01); keep watching or flag."
+    expected = '{"action_type": ...}'
+    empty_action = {"action_type": "invalid"}
 
     def observe(self, state) -> str:
         sc = self.scenario(state)
@@ -173,9 +176,6 @@ class OversightTextTask(_MonitorTask):
             seg = traj["loss"][w * MON.WINDOW:(w + 1) * MON.WINDOW]
             lines.append(f"  {mid} ({cfg}): loss {_loss_text(seg)}")
         return "\n".join(lines + ["Keep watching or flag the crashing run."])
-
-    expected = '{"action_type": ...}'
-    empty_action = {"action_type": "invalid"}
 
     def convert(self, obj, state):
         return CV.oversight_action_from_json(obj, self.scenario(state))
@@ -197,6 +197,7 @@ class RecoveryTextTask(_MonitorTask):
         '{"reasoning": "..."}. A turn with no root cause, no strategy and under 5 characters '
         "of reasoning scores 0.01 and does not advance.")
     fallback_note = "it was judged as an empty action (0.01)."
+    expected = '{"reasoning": ..., ...}'
 
     def observe(self, state) -> str:
         sc = self.scenario(state)
@@ -205,7 +206,7 @@ class RecoveryTextTask(_MonitorTask):
         fs = truth["failure_step"]
         traj = sc["trajectories"][crashed]
         lo, hi = max(0, fs - MON.RECOVERY_BEFORE), fs + MON.RECOVERY_AFTER
-        fleet = MON.monitoring_scenarios()["fleet_scenarios"][sc["fleet_id"]]
+        fleet = self.fleets[sc["fleet_id"]]
         phase = MR.RECOVERY_PHASES[min(int(state.phase), 2)]
         left = MR.RECOVERY_ITERATIONS - int(state.t)
         cfg = ", ".join(f"{t} {p}" for t, p in traj["precision_config"].items())
@@ -215,8 +216,6 @@ class RecoveryTextTask(_MonitorTask):
             *[line + (" (crashed)" if m["model_id"] == crashed else " (running)")
               for line, m in zip(_model_lines(fleet["models"]), fleet["models"], strict=True)],
             f"Phase: {phase} ({left} turn{'s' if left != 1 else ''} left)."])
-
-    expected = '{"reasoning": ..., ...}'
 
     def convert(self, obj, state):
         return CV.recovery_action_from_json(obj, self.scenario(state))

@@ -20,7 +20,7 @@ from libratio_jax.rewards.ird import RULE_NAMES
 from libratio_jax.text import codec as T
 from libratio_jax.text.feedback import render_feedback
 from libratio_jax.text.prompts import SYSTEM_PROMPT
-from libratio_jax.text.task import Reading, TextTask, read_json_action
+from libratio_jax.text.task import Reading, TextTask, is_json_object, read_json_action
 
 ROUNDS_NOTE = ("The episode has several rounds. After each plan you get the physics' feedback "
                "on it and the cluster as it is now (GPUs fail, the room heats up, batches "
@@ -99,8 +99,8 @@ class FleetOversightTextTask(TextTask):
         return "\n".join(lines + ["Continue monitoring or flag the failing run."])
 
     def read(self, reply, state) -> Reading:
-        return read_json_action(reply, lambda o: isinstance(o, dict), '{"action_type": ...}',
-                             lambda obj: oversight_flag_from_json(obj, len(state.running)))
+        return read_json_action(reply, is_json_object, '{"action_type": ...}',
+                                lambda obj: oversight_flag_from_json(obj, len(state.running)))
 
     def fallback(self, state):
         return oversight_flag_from_json({"action_type": "continue_monitoring"},

@@ -209,8 +209,10 @@ class SessionPool:
                                          self._host[i])
         if not readings:
             return results
-        actions = [readings[i].action if i in readings and readings[i].action is not None
-                   else self.task.fallback(self._host[i]) for i in range(self.size)]
+        acting = {i: r.action if r.action is not None else self.task.fallback(self._host[i])
+                  for i, r in readings.items()}
+        filler = next(iter(acting.values()))  # sessions that do not act: masked out
+        actions = [acting.get(i, filler) for i in range(self.size)]
         stacked = jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *actions)
         mask = np.zeros(self.size, bool)
         mask[list(readings)] = True

@@ -12,6 +12,7 @@ itself runs batched in JAX, in the pool.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from libratio_jax.text import codec as T
@@ -65,6 +66,11 @@ class TextTask:
 
     def feedback(self, before, reading: Reading, reward: float, info, after) -> str:
         return f"Score {reward:.3f}."
+
+
+def is_json_object(obj: Any) -> bool:
+    """Any JSON object is an answer (for tasks whose actions are objects with defaults)."""
+    return isinstance(obj, Mapping)
 
 
 def read_json_action(reply, shaped, expected: str, convert) -> Reading:
