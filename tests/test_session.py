@@ -267,3 +267,15 @@ def test_classic_trl_environments_play_their_tasks():
     assert recovery.rounds == 3 and recovery._session.done
     with pytest.raises(ValueError, match="episode is over"):
         recovery.verify("again")
+
+
+def test_classic_sessions_share_one_compile():
+    """Classic envs read their scenarios from the params: pools over different scenario
+    subsets share one compiled step."""
+    a = TextSession(CLASSIC["fleet_precision"], scenarios=["small_fleet"])
+    b = TextSession(CLASSIC["fleet_precision"], scenarios=["medium_fleet"])
+    assert a.pool._step_fn is b.pool._step_fn
+    a.step('{"precision_strategy": {"ffn": "FP8"}}')
+    compiled = a.pool._step_fn._cache_size()
+    b.step('{"precision_strategy": {"ffn": "BF16"}}')
+    assert b.pool._step_fn._cache_size() == compiled

@@ -122,6 +122,12 @@ def _compiled(env: Environment):
     return jax.jit(reset), jax.jit(step)
 
 
+@functools.cache
+def _compiled_for_class(cls: type):
+    """:func:`_compiled` of one instance of ``cls``, for every instance (``params_only``)."""
+    return _compiled(cls())
+
+
 _NOT_TEXT = object()  # TextSession.step(None): a reply, not "this session does not act"
 
 
@@ -150,8 +156,9 @@ class SessionPool:
         self.size = int(size)
         # Environments whose reset and step read only their arguments share one compile
         # per class (classic tasks: the scenario subset lives in the params).
-        self._reset_fn, self._step_fn = _compiled(
-            type(env)() if getattr(env, "params_only", False) else env)
+        self._reset_fn, self._step_fn = (_compiled_for_class(type(env))
+                                         if getattr(env, "params_only", False)
+                                         else _compiled(env))
         self._states = None
         self._keys = jax.random.split(jax.random.PRNGKey(seed), self.size)
         self._host: list[Any] = [None] * self.size  # each session's state (NumPy)

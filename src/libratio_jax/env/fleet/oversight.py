@@ -172,7 +172,7 @@ class FleetOversightEnv(Environment):
     # ---- generation --------------------------------------------------------------------
     def _generate(self, key, sc: Scenario, params: OversightParams):
         m_slots = sc.num_tenants
-        k_plans, k_case, k_target, k_onset, k_fmt, k_noise, k_trap = jax.random.split(key, 7)
+        k_plans, k_case, k_target, k_onset, k_fmt, k_noise, _ = jax.random.split(key, 7)
         draws = jax.vmap(lambda k: random_valid_plan(k, sc))(
             jax.random.split(k_plans, HEALTHY_DRAWS))
         metrics = jax.vmap(lambda p: evaluate_one(sc, p))(draws)
