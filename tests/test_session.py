@@ -259,8 +259,11 @@ def test_classic_trl_environments_play_their_tasks():
                                      scenarios=["one_crash_two_healthy"])()
     recovery.reset(seed=0)
     recovery.diagnose("model_b", "fp8 embedding underflow", "the loss went NaN at step 35")
+    for hostile in ("FP32 everywhere", "[" * 100_000, '{"ffn": ' * 50_000):
+        with pytest.raises(ValueError):
+            recovery.reallocate(hostile, "safe")
     with pytest.raises(ValueError):
-        recovery.reallocate("FP32 everywhere", "safe")
+        E.environment_factory("Classic-FleetPrecision-v0")().set_precision("{" * 100_000)
     recovery.reallocate('{"embedding": "FP32", "attention": "BF16", "ffn": "FP8", '
                         '"layernorm": "BF16", "output": "FP32"}', "FP32 embeddings are stable")
     recovery.verify("Watch the loss for NaN and monitor memory; the config is stable and safe.")

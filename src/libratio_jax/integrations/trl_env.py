@@ -49,6 +49,8 @@ import functools
 import json
 from typing import Any
 
+import orjson
+
 from libratio_jax.env.classic import (
     ClassicOversightEnv,
     ClassicPrecisionEnv,
@@ -234,7 +236,7 @@ class RecoveryEnvironment(SessionEnvironment):
             reasoning: Why this strategy is stable and fast
         """
         try:
-            parsed = json.loads(strategy) if isinstance(strategy, str) else strategy
+            parsed = orjson.loads(strategy) if isinstance(strategy, str) else strategy
         except ValueError:
             raise ValueError("strategy must be JSON text like {\"embedding\": \"FP32\"}") from None
         return self._act(json.dumps({"new_precision_strategy": parsed, "reasoning": reasoning}),
@@ -258,7 +260,7 @@ def _object_text(key: str, value: str) -> str:
     """``{key: <the JSON object in value>}`` as text, or ``value`` itself when it is not JSON
     (the task's reader then says what is wrong)."""
     try:
-        obj = json.loads(value) if isinstance(value, str) else value
+        obj = orjson.loads(value) if isinstance(value, str) else value
     except ValueError:
         return value if isinstance(value, str) else ""
     if isinstance(obj, dict) and key in obj:
