@@ -175,10 +175,21 @@ def oversight_baselines() -> str:
                    "detection rate", "false alarms"), rows)
 
 
+def recovery_baselines() -> str:
+    d = _load(EXPER, "recovery_baselines.json")
+    if d is None:
+        return "(no experiments/results/recovery_baselines.json yet)\n"
+    rows = [(r["policy"], f"{r['episodes']:,}", f"{r['mean_reward']:.3f}",
+             f"{r['mean_diagnose']:.3f}", f"{r['mean_reallocate']:.3f}",
+             f"{r['mean_verify']:.3f}", f"{r['recovery_rate']:.2f}") for r in d["table"]]
+    return _table(("policy", "episodes", "mean reward", "diagnose", "reallocate", "verify",
+                   "recovered"), rows)
+
+
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
-    oversight_baselines)}
+    oversight_baselines, recovery_baselines)}
 
 
 def render(text: str) -> str:

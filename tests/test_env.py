@@ -58,13 +58,6 @@ def test_presets_are_the_seven_fleets():
     assert params.bank.present.shape[0] == 7
 
 
-def test_jit_equals_eager(env_params):
-    env, params = env_params
-    state, action, out = _step_random(env, params, 0)
-    out_j = jax.jit(env.step)(jax.random.PRNGKey(200), state, action, params)
-    chex.assert_trees_all_close(out, out_j, rtol=1e-5, atol=1e-6)
-
-
 def test_vmap_over_keys_and_params(env_params):
     env, params = env_params
     keys = jax.random.split(jax.random.PRNGKey(1), 6)

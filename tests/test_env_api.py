@@ -12,12 +12,26 @@ from libratio_jax.env.base import Environment
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper
 
 # Small banks keep the suite fast; every registered name is covered.
-_OVERRIDES = {"Fleet-v0": dict(bank_size=4), "Fleet-easy-v0": dict(bank_size=4),
-              "Fleet-hard-v0": dict(bank_size=4)}
+_OVERRIDES = {name: dict(bank_size=4) for name in (
+    "Fleet-v0", "Fleet-easy-v0", "Fleet-hard-v0", "Fleet-Oversight-v0", "Fleet-Recovery-v0")}
+
+
+
+# Registered names that are another name's class and code with another scenario bank: the
+# jit / vmap / scan tests (which compile the env's code) run once per class.
+_SAME_CODE_AS = {"Fleet-easy-v0": "Fleet-v0", "Fleet-hard-v0": "Fleet-v0",
+                 "Fleet-presets-v0": "Fleet-v0"}
+_PER_CLASS = [n for n in lj.registered_envs() if n not in _SAME_CODE_AS]
 
 
 @pytest.fixture(scope="module", params=lj.registered_envs())
 def made(request):
+    name = request.param
+    return name, *lj.make(name, **_OVERRIDES.get(name, {}))
+
+
+@pytest.fixture(scope="module", params=_PER_CLASS)
+def made_per_class(request):
     name = request.param
     return name, *lj.make(name, **_OVERRIDES.get(name, {}))
 
@@ -32,6 +46,8 @@ def _finite(tree):
 def test_surface(made):
     name, env, params = made
     assert isinstance(env, Environment) and env.name == name
+    if name in _SAME_CODE_AS:  # covered by its class's jit / vmap / scan tests
+        assert type(env) is type(lj.make(_SAME_CODE_AS[name], bank_size=1)[0])
     assert isinstance(env.num_agents, int) and env.num_agents >= 1
     chex.assert_trees_all_equal(env.default_params, params)
     obs, state = env.reset(jax.random.PRNGKey(0))  # params default to default_params
@@ -52,8 +68,8 @@ def test_surface(made):
     assert not bool(space.contains(bad))
 
 
-def test_jit_equals_eager_and_deterministic(made):
-    _, env, params = made
+def test_jit_equals_eager_and_deterministic(made_per_class):
+    _, env, params = made_per_class
     action = env.action_space(params).sample(jax.random.PRNGKey(3))
 
     def run(key):
@@ -67,8 +83,8 @@ def test_jit_equals_eager_and_deterministic(made):
     chex.assert_trees_all_equal(jax.jit(run)(jax.random.PRNGKey(4)), jitted)
 
 
-def test_vmap_and_scan_with_wrappers(made):
-    _, env, params = made
+def test_vmap_and_scan_with_wrappers(made_per_class):
+    _, env, params = made_per_class
     chex.clear_trace_counter()  # the counter is per function, across parametrized cases
     wrapped = LogWrapper(AutoResetWrapper(env))
     space = env.action_space(params)

@@ -15,6 +15,7 @@ import baselines  # noqa: E402
 import difference_rewards  # noqa: E402
 import jax_grpo  # noqa: E402
 import oversight_baselines  # noqa: E402
+import recovery_baselines  # noqa: E402
 import trl_multiturn  # noqa: E402
 from common import recipes  # noqa: E402
 
@@ -138,4 +139,24 @@ def test_oversight_baselines_tiny(tmp_path):
         assert 0.0 <= r["mean_reward"] <= 0.99 and 0.0 <= r["detection_rate"] <= 1.0
     assert rows["watch only"]["detection_rate"] == 0.0
     saved = json.loads((tmp_path / "oversight_baselines.json").read_text())
+    assert saved["table"] == s["table"]
+
+
+def test_recovery_baselines_tiny(tmp_path):
+    """The experiment runs, and the baselines order as they should on its episodes."""
+    s = recovery_baselines.main(["--episodes", "48", "--bank-size", "4",
+                                 "--out-dir", str(tmp_path)])
+    rows = {r["policy"]: r for r in s["table"]}
+    assert set(rows) == {"random", "restart the old plan", "greedy recovery"}
+    assert sum(s["cases"].values()) == 48
+    greedy, restart, rand = (rows[k] for k in ("greedy recovery", "restart the old plan",
+                                               "random"))
+    for r in rows.values():
+        assert 0.0 <= r["mean_reward"] <= 0.99 and 0.0 <= r["recovery_rate"] <= 1.0
+    # the physics-reading diagnosis is mostly right; a new plan beats restarting the old one;
+    # both beat random
+    assert greedy["mean_diagnose"] == restart["mean_diagnose"] > 0.8
+    assert greedy["mean_reallocate"] > restart["mean_reallocate"] + 0.1
+    assert greedy["mean_reward"] > rand["mean_reward"] + 0.2
+    saved = json.loads((tmp_path / "recovery_baselines.json").read_text())
     assert saved["table"] == s["table"]

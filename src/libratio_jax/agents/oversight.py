@@ -64,19 +64,28 @@ def _flag(action_type, tenants, step, kind, layer) -> OversightFlag:
         formats=jnp.zeros(F.NUM_FORMATS, bool))
 
 
+def crash_signals(loss, ratio, running, slowdown_ratio: float, slowdown_steps: int):
+    """Per tenant, from a window of ``log1p`` losses ``[M, W]`` (-1 for NaN) and step-time
+    ratios ``[M, W]``: ``crashed`` (``NAN_STEPS`` or more NaN losses), the ``first`` NaN step,
+    ``spiked`` (the loss more than doubled over the 3 steps before it), ``slow`` (a ratio above
+    ``slowdown_ratio`` for ``slowdown_steps`` steps) and the first slow step."""
+    nan = (loss < 0) & running[:, None]
+    crashed = jnp.sum(nan, axis=1) >= NAN_STEPS
+    first = jnp.argmax(nan, axis=1)
+    before = jnp.take_along_axis(loss, jnp.maximum(first - 1, 0)[:, None], axis=1)[:, 0]
+    start = jnp.take_along_axis(loss, jnp.maximum(first - 3, 0)[:, None], axis=1)[:, 0]
+    spiked = (first >= 1) & (jnp.expm1(before) > 2.0 * jnp.expm1(start))
+    over = (ratio > slowdown_ratio) & running[:, None]
+    slow = jnp.sum(over, axis=1) >= slowdown_steps
+    return crashed, first, spiked, slow, jnp.argmax(over, axis=1)
+
+
 def threshold_flag(key, obs, num_tenants: int) -> OversightFlag:
     """The threshold detector's action for one observation (see the module docstring)."""
     del key
     w, loss, ratio, running = _split(obs, num_tenants)
-    nan = (loss < 0) & running[:, None]
-    crashed = jnp.sum(nan, axis=1) >= NAN_STEPS
-    first = jnp.argmax(nan, axis=1)
-    # log1p loss: a loss that more than doubled over the 3 steps before the first NaN
-    before = jnp.take_along_axis(loss, jnp.maximum(first - 1, 0)[:, None], axis=1)[:, 0]
-    start = jnp.take_along_axis(loss, jnp.maximum(first - 3, 0)[:, None], axis=1)[:, 0]
-    spiked = (first >= 1) & (jnp.expm1(before) > 2.0 * jnp.expm1(start))
-    slow = jnp.sum((ratio > SLOWDOWN_RATIO) & running[:, None], axis=1) >= SLOWDOWN_STEPS
-    slow_first = jnp.argmax(ratio > SLOWDOWN_RATIO, axis=1)
+    crashed, first, spiked, slow, slow_first = crash_signals(loss, ratio, running,
+                                                             SLOWDOWN_RATIO, SLOWDOWN_STEPS)
     t_crash = jnp.argmax(crashed)
     t_slow = jnp.argmax(slow)
     any_crash, any_slow = jnp.any(crashed), jnp.any(slow)

@@ -27,32 +27,14 @@ def greedy_plan(scenario) -> Plan:
     data-parallel GPU count (1, 2, 4, ...) that fits in memory among the GPUs left in the pool
     with the most free GPUs."""
     m = scenario.num_tenants
-    models = scenario.models
     c = scenario.cluster
-    sensitive = jnp.isin(models.kind, jnp.array(_SENSITIVE))
     order = jnp.argsort(-jnp.where(scenario.present, scenario.workloads.priority, -1.0))
     train = scenario.workloads.mode == TRAIN
     free0 = jnp.where(c.valid, c.gpu_count, 0)
 
     def place(carry, i):
         free, plan = carry
-        pool = jnp.argmax(free)
-        fp8 = c.peak_flops[pool, F.CC_FP8] > 0
-        fmt = jnp.where(fp8, F.FP8_E4M3, F.BF16)
-        precision = jnp.where(sensitive[i], F.BF16, fmt)
-        row = plan.precision.at[i].set(precision)
-
-        def with_gpus(g):
-            p = plan.replace(precision=row, gpus=plan.gpus.at[i].set(g),
-                             pool=plan.pool.at[i].set(pool))
-            return evaluate_one(scenario, p).fits[i]
-
-        candidates = jnp.array([1, 2, 4, 8, 16, 32])
-        fits = jax.vmap(with_gpus)(candidates) & (candidates <= free[pool])
-        g = jnp.where(jnp.any(fits), candidates[jnp.argmax(fits)], 0)
-        g = jnp.where(scenario.present[i], g, 0)
-        plan = plan.replace(precision=row, gpus=plan.gpus.at[i].set(g),
-                            pool=plan.pool.at[i].set(pool))
+        plan, g, pool = greedy_placement(scenario, plan, i, free)
         return (free.at[pool].add(-g), plan), None
 
     init = Plan.idle(m, scenario.num_layers).replace(
@@ -62,4 +44,34 @@ def greedy_plan(scenario) -> Plan:
     return plan
 
 
-__all__ = ["greedy_plan", "random_valid_plan"]
+def greedy_placement(scenario, plan: Plan, i, free, *, avoid_throttle: bool = False):
+    """Tenant ``i``'s greedy plan given the others' in ``plan`` and ``free[P]`` GPUs left per
+    pool: the formats of :func:`greedy_plan` and the smallest GPU count (1, 2, 4, ..., 32) that
+    fits among the free GPUs of the pool with the most (``avoid_throttle``: preferring counts
+    the physics do not throttle). Returns ``(plan, gpus, pool)`` (``gpus`` 0: none fits or
+    the tenant is absent)."""
+    c = scenario.cluster
+    pool = jnp.argmax(free)
+    fp8 = c.peak_flops[pool, F.CC_FP8] > 0
+    fmt = jnp.where(fp8, F.FP8_E4M3, F.BF16)
+    sensitive = jnp.isin(scenario.models.kind[i], jnp.array(_SENSITIVE))
+    row = plan.precision.at[i].set(jnp.where(sensitive, F.BF16, fmt))
+
+    def judged(g):
+        p = plan.replace(precision=row, gpus=plan.gpus.at[i].set(g),
+                         pool=plan.pool.at[i].set(pool))
+        m = evaluate_one(scenario, p)
+        return m.fits[i], m.throttled[i]
+
+    candidates = jnp.array([1, 2, 4, 8, 16, 32])
+    fits, throttled = jax.vmap(judged)(candidates)
+    fits = fits & (candidates <= free[pool])
+    score = fits.astype(jnp.int32) + (fits & ~throttled if avoid_throttle else False)
+    g = jnp.where(jnp.any(fits), candidates[jnp.argmax(score)], 0)
+    g = jnp.where(scenario.present[i], g, 0)
+    plan = plan.replace(precision=row, gpus=plan.gpus.at[i].set(g),
+                        pool=plan.pool.at[i].set(pool))
+    return plan, g, pool
+
+
+__all__ = ["greedy_placement", "greedy_plan", "random_valid_plan"]

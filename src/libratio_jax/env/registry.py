@@ -63,19 +63,17 @@ def _fleet(name: str, default_level: str | None):
     return factory
 
 
-def _oversight(name: str):
+def _incidents(name: str, module: str, env_cls: str):
+    """Factory of an incident env (``Fleet-Oversight-v0``, ``Fleet-Recovery-v0``)."""
     def factory(level: str = "medium", bank_size: int = 64, seed: int = 0, capacity=None,
                 case_probabilities=None):
-        from libratio_jax.env.fleet.oversight import (
-            DEFAULT_CASE_PROBABILITIES,
-            FleetOversightEnv,
-        )
+        import importlib
+
         from libratio_jax.physics.scenario import DEFAULT_CAPACITY
 
-        env = FleetOversightEnv(capacity or DEFAULT_CAPACITY, level=level, bank_size=bank_size,
-                                seed=seed, name=name,
-                                case_probabilities=case_probabilities
-                                or DEFAULT_CASE_PROBABILITIES)
+        env = getattr(importlib.import_module(module), env_cls)(
+            capacity or DEFAULT_CAPACITY, level=level, bank_size=bank_size, seed=seed,
+            name=name, case_probabilities=case_probabilities)
         return env, env.default_params
 
     return factory
@@ -96,7 +94,12 @@ def _register_builtin() -> None:
     for name, level in (("Fleet-v0", "medium"), ("Fleet-easy-v0", "easy"),
                         ("Fleet-hard-v0", "hard"), ("Fleet-presets-v0", None)):
         register(name, _fleet(name, level))
-    register("Fleet-Oversight-v0", _oversight("Fleet-Oversight-v0"))
+    register("Fleet-Oversight-v0", _incidents("Fleet-Oversight-v0",
+                                              "libratio_jax.env.fleet.oversight",
+                                              "FleetOversightEnv"))
+    register("Fleet-Recovery-v0", _incidents("Fleet-Recovery-v0",
+                                             "libratio_jax.env.fleet.recovery",
+                                             "FleetRecoveryEnv"))
 
 
 _register_builtin()

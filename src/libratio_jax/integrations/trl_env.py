@@ -14,6 +14,9 @@ tools named after the task's actions:
 ``Fleet-*``                    ``submit_plan(plan)``
 ``Fleet-Oversight-v0``         ``continue_monitoring()``, ``flag_instability(tenant, step,
                                failure, layer, format)``
+``Fleet-Recovery-v0``          ``diagnose(tenant, failure, layer, format)``,
+                               ``reallocate(plan)``, ``verify(memory_gib,
+                               tokens_per_second)``
 ``Classic-FleetPrecision-v0``  ``set_precision(strategy)``
 ``Classic-FleetResource-v0``   ``propose_allocation(allocations)``
 ``Classic-FleetOversight-v0``  ``continue_monitoring()``, ``flag_instability(model, step,
@@ -59,6 +62,7 @@ from libratio_jax.env.classic import (
 )
 from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
+from libratio_jax.env.fleet.recovery import PHASES, FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.text.session import TextSession, text_task_class
 
@@ -163,6 +167,53 @@ class FleetOversightEnvironment(SessionEnvironment):
         return self._act(json.dumps(action), "a tenant id, a step, a failure kind")
 
 
+class FleetRecoveryEnvironment(SessionEnvironment):
+    tool_note = ("Work through the phases in order with the diagnose, reallocate and verify "
+                 "tools, one call each.")
+    env_type = FleetRecoveryEnv
+
+    def _in_phase(self, tool: str) -> None:
+        phase = int(self._session.pool.state(0).phase)
+        if not self._session.done and PHASES[phase] != tool:
+            raise ValueError(f"This is the {PHASES[phase]} phase: call {PHASES[phase]}, "
+                             f"not {tool}.")
+
+    def diagnose(self, tenant: int, failure: str, layer: str = "", format: str = "") -> str:
+        """Diagnose the failure (first phase); the answer says what happened.
+
+        Args:
+            tenant: The failed tenant's id
+            failure: The failure kind: diverge, oom, slowdown or gpu_failure
+            layer: For a divergence, the layer kind that caused it, e.g. embedding
+            format: For a divergence, that layer's numeric format, e.g. fp8_e4m3
+        """
+        self._in_phase("diagnose")
+        action = {"tenant": tenant, "failure": failure}
+        action.update({k: v for k, v in (("layer", layer), ("format", format)) if v})
+        return self._act(json.dumps(action), "a tenant id and a failure kind")
+
+    def reallocate(self, plan: str) -> str:
+        """Give the failed tenant a new plan on the cluster as it is now (second phase).
+
+        Args:
+            plan: The tenant's plan as JSON text, e.g. {"tenants": [{"id": 1, "gpus": 4}]}
+        """
+        self._in_phase("reallocate")
+        return self._act(plan, 'a plan as JSON text: {"tenants": [{"id": 1, "gpus": 4, ...}]}')
+
+    def verify(self, memory_gib: float, tokens_per_second: float) -> str:
+        """Predict the new plan's memory per GPU and throughput (last phase).
+
+        Args:
+            memory_gib: Memory per GPU in GiB
+            tokens_per_second: Throughput in tokens per second
+        """
+        self._in_phase("verify")
+        return self._act(json.dumps({"memory_gib": memory_gib,
+                                     "tokens_per_second": tokens_per_second}),
+                         "two positive numbers")
+
+
 class PrecisionEnvironment(SessionEnvironment):
     tool_note = "Set each model's precision strategy with the set_precision tool."
     env_type = ClassicPrecisionEnv
@@ -252,8 +303,8 @@ class RecoveryEnvironment(SessionEnvironment):
 
 
 ENVIRONMENTS: tuple[type[SessionEnvironment], ...] = (
-    FleetEnvironment, FleetOversightEnvironment, PrecisionEnvironment, ResourceEnvironment,
-    OversightEnvironment, RecoveryEnvironment)
+    FleetEnvironment, FleetOversightEnvironment, FleetRecoveryEnvironment, PrecisionEnvironment,
+    ResourceEnvironment, OversightEnvironment, RecoveryEnvironment)
 
 
 def _object_text(key: str, value: str) -> str:

@@ -1,8 +1,9 @@
 """Text episodes an LLM plays over several turns, and a pool that steps many at once.
 
 A session wraps one episode of a registered environment, played through its text task
-(:mod:`libratio_jax.text.task`; ``Fleet-*``: :mod:`~libratio_jax.text.fleet_task`, the four
-classic tasks: :mod:`~libratio_jax.text.classic_tasks`): :meth:`SessionPool.reset` returns the
+(:mod:`libratio_jax.text.task`; ``Fleet-*``: :mod:`~libratio_jax.text.fleet_task` and
+:mod:`~libratio_jax.text.recovery_task`, the four classic tasks:
+:mod:`~libratio_jax.text.classic_tasks`): :meth:`SessionPool.reset` returns the
 first user message, :meth:`SessionPool.step` takes the model's replies, reads each with the
 task's never-raising parser, judges every acting session's action in **one jitted, batched**
 ``env.step`` and returns, per session, the feedback on its action followed by the next
@@ -44,6 +45,7 @@ from libratio_jax.env.classic import (
 )
 from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
+from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.text import classic_tasks as CT
 from libratio_jax.text.fleet_task import (
@@ -51,6 +53,7 @@ from libratio_jax.text.fleet_task import (
     FleetOversightTextTask,
     FleetTextTask,
 )
+from libratio_jax.text.recovery_task import FleetRecoveryTextTask
 from libratio_jax.text.task import TextTask
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
@@ -60,6 +63,7 @@ __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", 
 TEXT_TASKS: tuple[tuple[type, type[TextTask]], ...] = (
     (FleetEnv, FleetTextTask),
     (FleetOversightEnv, FleetOversightTextTask),
+    (FleetRecoveryEnv, FleetRecoveryTextTask),
     (ClassicPrecisionEnv, CT.PrecisionTextTask),
     (ClassicResourceEnv, CT.ResourceTextTask),
     (ClassicOversightEnv, CT.OversightTextTask),

@@ -270,16 +270,7 @@ class FleetEnv(Environment):
         """A :class:`Plan` of :class:`Box` leaves: the bounds of each field (a plan inside
         them may still break a scenario's rules: see ``validate_plan``)."""
         params = self.default_params if params is None else params
-        m, l = self.num_agents, params.bank.models.kind.shape[-1]
-        p = params.bank.cluster.gpu_count.shape[-1]
-        gmax = int(np.max(np.asarray(params.bank.cluster.gpu_count)))
-        b = lambda shape, lo, hi, n: Box(shape, jnp.int32, lo, hi, n)  # noqa: E731
-        return TreeSpace(Plan(
-            precision=b((m, l), 0, F.NUM_FORMATS - 1, "precision"),
-            gpus=b((m,), 0, gmax, "gpus"), tp=b((m,), 1, 8, "tp"), pp=b((m,), 1, 8, "pp"),
-            zero_stage=b((m,), 0, 3, "zero_stage"), recompute=b((m,), 0, 1, "recompute"),
-            kv_precision=b((m,), 0, F.NUM_FORMATS - 1, "kv_precision"),
-            micro_batch=b((m,), 1, 8, "micro_batch"), pool=b((m,), 0, p - 1, "pool")))
+        return TreeSpace(plan_boxes(params.bank, self.num_agents))
 
     # Jumanji-style names for the same specs.
     def observation_spec(self) -> Box:
@@ -292,3 +283,18 @@ class FleetEnv(Environment):
     def sample_action(self, key, state: EnvState) -> Plan:
         """A random plan that is valid for each tenant (``physics.plan.random_valid_plan``)."""
         return random_valid_plan(key, state.scenario)
+
+
+def plan_boxes(bank: Scenario, num_tenants: int) -> Plan:
+    """A :class:`Plan` of :class:`Box` leaves for the scenarios of ``bank`` (``[K, ...]``):
+    the bounds of each field."""
+    l, p = bank.models.kind.shape[-1], bank.cluster.gpu_count.shape[-1]
+    gmax = int(np.max(np.asarray(bank.cluster.gpu_count)))
+    m = num_tenants
+    b = lambda shape, lo, hi, n: Box(shape, jnp.int32, lo, hi, n)  # noqa: E731
+    return Plan(
+        precision=b((m, l), 0, F.NUM_FORMATS - 1, "precision"),
+        gpus=b((m,), 0, gmax, "gpus"), tp=b((m,), 1, 8, "tp"), pp=b((m,), 1, 8, "pp"),
+        zero_stage=b((m,), 0, 3, "zero_stage"), recompute=b((m,), 0, 1, "recompute"),
+        kv_precision=b((m,), 0, F.NUM_FORMATS - 1, "kv_precision"),
+        micro_batch=b((m,), 1, 8, "micro_batch"), pool=b((m,), 0, p - 1, "pool"))
