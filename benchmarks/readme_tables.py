@@ -186,10 +186,17 @@ def recovery_baselines() -> str:
                    "recovered"), rows)
 
 
+def eval_baselines() -> str:
+    d = _load(EXPER, "eval_baselines.json")
+    if d is None:
+        return "(no experiments/results/eval_baselines.json yet)\n"
+    return d["table"]
+
+
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
-    oversight_baselines, recovery_baselines)}
+    oversight_baselines, recovery_baselines, eval_baselines)}
 
 
 def render(text: str) -> str:

@@ -4,6 +4,9 @@
     libratio estimate-memory MODEL [--gpu G] ...   bytes per GPU with the breakdown; fits G?
     libratio estimate-throughput MODEL [--gpu G]   step time and tokens/s on a GPU kind
     libratio models | gpus | formats               the names accepted everywhere
+    libratio eval --base-url URL --model NAME      play every task with an LLM behind an
+                                                   OpenAI-compatible endpoint, next to the
+                                                   baselines (``[eval]`` extra)
 
 MODEL is a catalog name (``libratio models``), a config.json or a model directory.
 ``libratio COMMAND --help`` lists every option with its default.
@@ -170,7 +173,79 @@ def _parser() -> argparse.ArgumentParser:
                        help="GPU kind (libratio gpus)" + (
                            "" if name == "estimate-throughput"
                            else "; says whether the job fits its memory"))
+    _eval_parser(sub, fmt)
     return parser
+
+
+def _eval_parser(sub, fmt) -> None:
+    from libratio_jax.integrations.llm_eval import EVAL_TASKS
+
+    v = sub.add_parser(
+        "eval", formatter_class=fmt,
+        help="evaluate an LLM (OpenAI-compatible chat endpoint) on the tasks, with baselines",
+        description="Play full multi-turn episodes of each task with a model served behind "
+                    "an OpenAI-compatible chat endpoint (vLLM, TGI, llama.cpp server, hosted "
+                    "APIs), and the baselines on the same seeds; write a JSON report "
+                    "(transcripts, per-task scores with 95% CIs) and a Markdown table. "
+                    "Without --base-url/--model only the baselines play. Playing a model needs "
+                    "the [eval] extra (httpx).")
+    v.add_argument("--base-url", default=None, help="e.g. http://localhost:8000/v1")
+    v.add_argument("--model", default=None, help="the model name the endpoint serves")
+    v.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the API key (unset: no key sent)")
+    v.add_argument("--task", default="all",
+                   help=f"all, or comma-separated tasks: {', '.join(EVAL_TASKS)} (or "
+                        "registered env names)")
+    v.add_argument("--episodes", type=int, default=8, help="episodes per task")
+    v.add_argument("--seed", type=int, default=0, help="episode i uses seed + i")
+    v.add_argument("--output", default="runs/eval.json",
+                   help="JSON report; the Markdown table is written beside it (.md)")
+    v.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    v.add_argument("--temperature", type=float, default=0.0)
+    v.add_argument("--max-tokens", type=int, default=1024, help="per reply")
+    v.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    v.add_argument("--retries", type=int, default=3,
+                   help="retries of a request after a transport error, timeout, 429 or 5xx")
+    v.add_argument("--max-turns", type=int, default=32, help="turns per episode at most")
+    v.add_argument("--bank-size", type=int, default=None,
+                   help="scenarios in the Fleet envs' bank (default: the env's)")
+    v.add_argument("--no-baselines", action="store_true", help="play the model only")
+    v.add_argument("--no-progress", action="store_true", help="no progress bars")
+    v.add_argument("--env-url", default=None,
+                   help="play against a running `libratio serve` instead of local sessions")
+
+
+def _eval(args, parser, argv: list[str]) -> int:
+    import os
+
+    from libratio_jax.integrations import llm_eval
+
+    if args.env_url is not None:
+        parser.error("--env-url: playing against a server needs `libratio serve`, which this "
+                     "version does not have yet; omit it to play local sessions")
+    if args.base_url is not None:
+        try:
+            import httpx  # noqa: F401
+        except ImportError as e:
+            parser.error(f"libratio eval needs the [eval] extra: pip install -e '.[eval]' "
+                         f"({e})")
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    overrides = {} if args.bank_size is None else {"bank_size": args.bank_size}
+    try:
+        report = llm_eval.run_eval(
+            tasks=args.task, episodes=args.episodes, seed=args.seed, base_url=args.base_url,
+            model=args.model, api_key=api_key, concurrency=args.concurrency,
+            temperature=args.temperature, max_tokens=args.max_tokens,
+            timeout_seconds=args.timeout, max_retries=args.retries, max_turns=args.max_turns,
+            baselines=not args.no_baselines, progress=not args.no_progress,
+            overrides=overrides, command=["libratio"] + list(argv),
+            log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
+        parser.error(str(e))
+    path, md = llm_eval.save_report(report, args.output)
+    print(report["table"], end="")
+    print(f"-> {path}, {md}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("models", "gpus", "formats"):
         _listing(args.command)
         return 0
+    if args.command == "eval":
+        return _eval(args, parser, sys.argv[1:] if argv is None else argv)
     if args.command == "demo":
         if args.batch < 1:
             parser.error("--batch must be >= 1")

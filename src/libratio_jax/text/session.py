@@ -54,7 +54,7 @@ from libratio_jax.text.fleet_task import (
     FleetTextTask,
 )
 from libratio_jax.text.recovery_task import FleetRecoveryTextTask
-from libratio_jax.text.task import TextTask
+from libratio_jax.text.task import VALID, Reading, TextTask
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
            "text_task_class"]
@@ -225,6 +225,25 @@ class SessionPool:
         filler = next(iter(acting.values()))  # sessions that do not act: masked out
         actions = [acting.get(i, filler) for i in range(self.size)]
         stacked = jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *actions)
+        return self._judge(readings, stacked, results)
+
+    def step_actions(self, actions, sessions: Sequence[int] | None = None
+                     ) -> list[StepResult | None]:
+        """Judge one turn of action arrays instead of replies (for scripted policies played
+        on the same episodes as a model): ``actions`` is a batched action pytree with one
+        entry per session (``[size, ...]``); ``sessions`` (default: every session whose
+        episode is not over) act. Returns results as :meth:`step` (stage ``valid``)."""
+        idx = [i for i in (self._indices(sessions) if sessions is not None
+                           else range(self.size)) if not self._done[i]]
+        results: list[StepResult | None] = [None] * self.size
+        if not idx:
+            return results
+        host = jax.device_get(actions)
+        readings = {i: Reading(_one(host, i), VALID) for i in idx}
+        return self._judge(readings, actions, results)
+
+    def _judge(self, readings: dict, stacked, results: list) -> list[StepResult | None]:
+        """Step the sessions of ``readings`` with the batched actions ``stacked``."""
         mask = np.zeros(self.size, bool)
         mask[list(readings)] = True
         before = {i: self._host[i] for i in readings}
@@ -258,6 +277,12 @@ class SessionPool:
     def done(self) -> np.ndarray:
         """``[size]`` bool: which sessions' episodes are over."""
         return self._done.copy()
+
+    @property
+    def states(self):
+        """Every session's state, batched on the device (``[size, ...]``): what scripted
+        policies read (``jax.vmap`` over it) before :meth:`step_actions`."""
+        return self._states
 
     def state(self, session: int):
         """Session ``session``'s current state (host arrays)."""
