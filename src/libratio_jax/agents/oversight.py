@@ -105,22 +105,27 @@ def final_rewards(env, params, policies, n: int, seed: int = 0):
     ``[n]`` the episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys
     of ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
     m = env.capacity.max_tenants
+    branches = [lambda k, o, p=p: p(k, o, m) for p in policies]
 
-    def play(policy, key):
-        k_reset, k_run = jax.random.split(key)
-        obs, s = env.reset(k_reset, params)
-
+    def play(which, key, obs, s):
         def body(carry, k):
             obs, s, final = carry
             k_act, k_step = jax.random.split(k)
-            obs2, s2, r, _, _, _ = env.step(k_step, s, policy(k_act, obs, m), params)
+            action = jax.lax.switch(which, branches, k_act, obs)
+            obs2, s2, r, _, _, _ = env.step(k_step, s, action, params)
             return (obs2, s2, jnp.where(s.done, final, r)), None
 
-        (_, _, final), _ = jax.lax.scan(body, (obs, s, 0.0), jax.random.split(k_run, WINDOWS))
-        return final, s.truth_kind
+        (_, _, final), _ = jax.lax.scan(body, (obs, s, 0.0), jax.random.split(key, WINDOWS))
+        return final
 
     def run(keys):
-        out = [jax.vmap(lambda k, p=p: play(p, k))(keys) for p in policies]
-        return jnp.stack([r for r, _ in out]), out[0][1]
+        k_reset, k_run = jax.vmap(jax.random.split, out_axes=1)(keys)
+        obs, states = jax.vmap(env.reset, in_axes=(0, None))(k_reset, params)
+        # every policy on every episode: one env.step in the program (the policies are the
+        # branches of a switch)
+        per_episode = jax.vmap(play, in_axes=(None, 0, 0, 0))
+        finals = jax.vmap(per_episode, in_axes=(0, None, None, None))(
+            jnp.arange(len(policies)), k_run, obs, states)
+        return finals, states.truth_kind
 
     return jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))

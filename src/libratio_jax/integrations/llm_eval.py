@@ -142,7 +142,7 @@ def _space_sample(key, state, env, params):
     return env.action_space(params).sample(key)
 
 
-# The original's ideal format per layer type (../CLASSIC.md, shared tables).
+# The original's ideal format per layer type (its shared tables; tests/data has them).
 _IDEAL_STRATEGY = {"embedding": "FP32", "attention": "BF16", "ffn": "FP8", "layernorm": "BF16",
                    "output": "FP32"}
 

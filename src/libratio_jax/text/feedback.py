@@ -10,7 +10,7 @@ plan as judged (sanitized), its :class:`~libratio_jax.Metrics` and the fired IRD
     >>> from libratio_jax.rewards.compose import RewardParams
     >>> sc = lj.reference_scenario(block_groups=1)
     >>> plan = lj.Plan.from_choices(sc, [{"gpus": 2}] * 4)
-    >>> g, fired, _, metrics, safe = judge_plan(sc, plan, RewardParams.make())
+    >>> g, fired, _, metrics, safe = jax.jit(judge_plan)(sc, plan, RewardParams.make())
     >>> text = render_feedback(*jax.device_get((sc, safe, metrics, fired, g)))
     >>> text.splitlines()[0].startswith("Reward")
     True
