@@ -7,6 +7,8 @@
     libratio eval --base-url URL --model NAME      play every task with an LLM behind an
                                                    OpenAI-compatible endpoint, next to the
                                                    baselines (``[eval]`` extra)
+    libratio serve [--port 8000] [--max-sessions N] serve every task over OpenEnv
+                                                   (HTTP + WebSocket; ``[serve]`` extra)
 
 MODEL is a catalog name (``libratio models``), a config.json or a model directory.
 ``libratio COMMAND --help`` lists every option with its default.
@@ -174,7 +176,49 @@ def _parser() -> argparse.ArgumentParser:
                            "" if name == "estimate-throughput"
                            else "; says whether the job fits its memory"))
     _eval_parser(sub, fmt)
+    _serve_parser(sub, fmt)
     return parser
+
+
+def _serve_parser(sub, fmt) -> None:
+    s = sub.add_parser(
+        "serve", formatter_class=fmt, help="serve every task over OpenEnv (HTTP + WebSocket)",
+        description="Serve every registered task (and the original service's /fleet routes) "
+                    "with per-session state; steps of concurrent sessions are gathered over "
+                    "--window-ms and judged in one batched call. Needs the [serve] extra.")
+    s.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on every interface")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-sessions", type=int, default=256,
+                   help="concurrent sessions per task (WebSocket and /fleet each)")
+    s.add_argument("--window-ms", type=float, default=2.0,
+                   help="how long steps are gathered into one batched call; 0: no batching")
+    s.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="seconds after which an idle session is closed")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="larger request bodies are refused (413)")
+    s.add_argument("--bank-size", type=int, default=None,
+                   help="scenarios in the Fleet envs' bank (default: the env's)")
+    s.add_argument("--log-level", default="warning")
+
+
+def _serve(args, parser) -> int:
+    try:
+        import uvicorn
+
+        from libratio_jax.serve.app import build_app
+    except ImportError as e:
+        parser.error(f"libratio serve needs the [serve] extra: pip install -e '.[serve]' ({e})")
+    if args.max_sessions < 1 or args.window_ms < 0 or args.idle_timeout <= 0:
+        parser.error("--max-sessions must be >= 1, --window-ms >= 0, --idle-timeout > 0")
+    app = build_app(max_sessions=args.max_sessions,
+                    window_seconds=args.window_ms / 1e3 if args.window_ms > 0 else None,
+                    idle_seconds=args.idle_timeout, max_body_bytes=args.max_body_bytes,
+                    overrides={} if args.bank_size is None else {"bank_size": args.bank_size})
+    print(f"libratio serve: http://{args.host}:{args.port} (WebSocket /ws, /fleet routes, "
+          f"/docs)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                ws_max_size=args.max_body_bytes)
+    return 0
 
 
 def _eval_parser(sub, fmt) -> None:
@@ -258,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "eval":
         return _eval(args, parser, sys.argv[1:] if argv is None else argv)
+    if args.command == "serve":
+        return _serve(args, parser)
     if args.command == "demo":
         if args.batch < 1:
             parser.error("--batch must be >= 1")

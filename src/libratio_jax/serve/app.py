@@ -1,0 +1,231 @@
+"""The served app: OpenEnv's routes (``/ws`` sessions, ``/reset``, ``/step``, ``/state``,
+``/schema``, ``/metadata``) for :class:`~libratio_jax.serve.environment.LibratioEnvironment`,
+and the original service's routes with sessions:
+
+- ``GET /health`` -> ``{"status": "ok", "environment", "version", "active_sessions"}``;
+- ``GET /fleet/tasks`` -> ``[{"id", "task_id", "description", "difficulty", "max_steps"}]``;
+- ``POST /fleet/reset`` ``{"task_id": "fleet_precision", "seed": 3}`` -> ``{"observation":
+  {...}, "session_id"}`` (also set as the ``libratio_session`` cookie);
+- ``POST /fleet/step`` ``{"action": {...}}`` (or the bare action; ``{"reply": "text"}`` sends
+  text) -> ``{"observation": {...} | null, "reward": {"score", "feedback"}, "done", "info"}``;
+- ``POST /fleet/state`` -> ``{"task_id", "current_task", "current_scenario_id",
+  "step_number", "is_done", "history"}``.
+
+A ``/fleet`` request names its session with the ``X-Session-Id`` header or the cookie; one
+with neither uses the default session (as the original's one global environment, for its
+one-off ``httpx.post`` clients). Sessions idle longer than ``idle_seconds`` are evicted.
+Every refusal is a 4xx with a JSON ``{"detail": message}`` naming the problem; bodies over
+``max_body_bytes`` are refused with 413 before they are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.types import ConcurrencyConfig
+
+from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
+from libratio_jax.serve.environment import LibratioEnvironment
+from libratio_jax.serve.models import LibratioAction, LibratioObservation
+
+COOKIE = "libratio_session"
+HEADER = "X-Session-Id"
+DEFAULT_SESSION = "default"
+MAX_BODY_BYTES = 1 << 20
+_DESCRIPTIONS = {
+    "fleet_precision": ("Choose a precision strategy per model of a fleet", "easy"),
+    "fleet_resource": ("Allocate GPUs and precisions to the models of a fleet", "medium"),
+    "fleet_oversight": ("Watch loss curves and flag the run that crashes", "medium"),
+    "fleet_recovery": ("Diagnose a crash, reallocate, verify", "hard"),
+}
+
+
+class _Sessions:
+    """The ``/fleet`` routes' sessions: id -> environment, with a limit and idle eviction."""
+
+    def __init__(self, hub: Hub, limit: int, idle_seconds: float | None):
+        self.hub = hub
+        self.limit = limit
+        self.idle_seconds = idle_seconds
+        self._envs: dict[str, LibratioEnvironment] = {}
+        self._seen: dict[str, float] = {}
+        self._history: dict[str, list] = {}
+
+    def evict_idle(self) -> None:
+        if self.idle_seconds is None:
+            return
+        now = time.monotonic()
+        for sid in [s for s, t in self._seen.items() if now - t > self.idle_seconds]:
+            self.drop(sid)
+
+    def drop(self, sid: str) -> None:
+        env = self._envs.pop(sid, None)
+        self._seen.pop(sid, None)
+        self._history.pop(sid, None)
+        if env is not None:
+            env.close()
+
+    def get(self, sid: str, *, create: bool) -> LibratioEnvironment:
+        self.evict_idle()
+        if sid not in self._envs:
+            if not create and sid == DEFAULT_SESSION:
+                raise ServeError("step before reset: start an episode with POST /fleet/reset",
+                                 409)
+            if not create:
+                raise ServeError(f"unknown session {sid!r}: start one with POST /fleet/reset",
+                                 404)
+            if len(self._envs) >= self.limit:
+                raise ServeError(f"all {self.limit} sessions are in use; retry later", 503)
+            self._envs[sid] = LibratioEnvironment(self.hub)
+            self._history[sid] = []
+        self._seen[sid] = time.monotonic()
+        return self._envs[sid]
+
+    def history(self, sid: str) -> list:
+        return self._history.setdefault(sid, [])
+
+    def __len__(self) -> int:
+        return len(self._envs)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ServeError(f"the body is not valid JSON ({type(e).__name__}: "
+                         f"{str(e)[:120]})") from None
+
+
+def _session_id(request: Request) -> str | None:
+    return request.headers.get(HEADER) or request.cookies.get(COOKIE)
+
+
+def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
+              idle_seconds: float | None = 600.0, max_body_bytes: int = MAX_BODY_BYTES,
+              overrides: dict | None = None) -> FastAPI:
+    """The app (see the module docstring). ``max_sessions``: sessions per task at once (the
+    WebSocket sessions and the ``/fleet`` sessions each at most this many); ``window_seconds``:
+    how long steps are gathered into one batched call (``None``: no batching);
+    ``idle_seconds``: idle sessions are closed after this long; ``overrides``: ``make``
+    overrides of the Fleet envs (e.g. ``bank_size``)."""
+    from libratio_jax import __version__
+
+    hub = Hub(max_sessions, window_seconds=window_seconds, overrides=overrides)
+    app = create_app(lambda: LibratioEnvironment(hub), LibratioAction, LibratioObservation,
+                     env_name="libratio_jax", concurrency_config=ConcurrencyConfig(
+                         max_concurrent_envs=max_sessions, session_timeout=idle_seconds))
+    app.state.hub = hub
+    sessions = _Sessions(hub, max_sessions, idle_seconds)
+    app.state.sessions = sessions
+    # The original's /health replaces OpenEnv's.
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+
+    @app.exception_handler(ServeError)
+    async def refused(request: Request, exc: ServeError):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
+            return JSONResponse({"detail": f"the body is over {max_body_bytes} bytes"},
+                                status_code=413)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "environment": "libratio_jax", "version": __version__,
+                "active_sessions": hub.active_sessions, "fleet_sessions": len(sessions)}
+
+    @app.get("/fleet/tasks")
+    async def tasks():
+        out = []
+        for task_id, env_name in Hub.tasks().items():
+            description, level = _DESCRIPTIONS.get(task_id, (env_name, "physics"))
+            out.append({"id": task_id, "task_id": task_id, "env": env_name,
+                        "description": description, "difficulty": level,
+                        "max_steps": None})
+        return out
+
+    @app.post("/fleet/reset")
+    async def fleet_reset(request: Request):
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise ServeError("reset: the body must be a JSON object like "
+                             '{"task_id": "fleet_precision"}')
+        unknown = set(body) - {"task_id", "seed", "scenario_id", "episode_id"}
+        if unknown:
+            raise ServeError(f"reset: unknown fields {sorted(unknown)}; valid: task_id, seed")
+        sid = _session_id(request) or DEFAULT_SESSION
+        env = sessions.get(sid, create=True)
+        obs = await env.reset_async(seed=body.get("seed"), task=body.get("task_id"))
+        sessions.history(sid).clear()
+        response = JSONResponse({"observation": _observation(obs, env), "session_id": sid})
+        response.set_cookie(COOKIE, sid)
+        return response
+
+    @app.post("/fleet/session")
+    async def new_session():
+        """A fresh session id (for clients that keep no cookies)."""
+        sid = uuid.uuid4().hex
+        response = JSONResponse({"session_id": sid})
+        response.set_cookie(COOKIE, sid)
+        return response
+
+    @app.post("/fleet/step")
+    async def fleet_step(request: Request):
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise ServeError('step: the body must be a JSON object: {"action": {...}}')
+        action = body.get("action", body)
+        if not isinstance(action, dict):
+            raise ServeError("step: the action must be a JSON object")
+        reply = action["reply"] if isinstance(action.get("reply"), str) else json.dumps(action)
+        sid = _session_id(request) or DEFAULT_SESSION
+        env = sessions.get(sid, create=False)
+        obs = await env.step_async(LibratioAction(reply=reply))
+        sessions.history(sid).append({"action": action, "reward": obs.reward})
+        return {"observation": None if obs.done else _observation(obs, env),
+                "reward": {"score": obs.reward, "feedback": obs.text}, "done": obs.done,
+                "info": {"stage": obs.stage, "reason": obs.reason, "rules": obs.rules}}
+
+    @app.post("/fleet/state")
+    async def fleet_state(request: Request):
+        sid = _session_id(request) or DEFAULT_SESSION
+        env = sessions.get(sid, create=False)
+        st = env.state
+        task_id = next((k for k, v in ORIGINAL_TASKS.items() if v == st.task), st.task)
+        return {"task_id": task_id, "current_task": st.task,
+                "current_scenario_id": st.seed, "step_number": st.step_count,
+                "is_done": st.done, "history": sessions.history(sid)}
+
+    @app.on_event("startup")
+    async def reap_idle():
+        async def loop():
+            while True:
+                await asyncio.sleep(max(1.0, (idle_seconds or 60.0) / 4))
+                sessions.evict_idle()
+
+        if idle_seconds is not None:
+            app.state.reaper = asyncio.get_running_loop().create_task(loop())
+
+    @app.on_event("shutdown")
+    async def close():
+        hub.close()
+
+    return app
+
+
+def _observation(obs: LibratioObservation, env: LibratioEnvironment) -> dict:
+    return {"task_id": env.task, "text": obs.text, "turn": obs.turn, "done": obs.done,
+            **({"system_prompt": obs.system_prompt} if obs.system_prompt else {})}

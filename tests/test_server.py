@@ -1,0 +1,256 @@
+"""`libratio serve` with real parts: server processes (uvicorn) started here, driven by plain
+httpx calls (the original service's routes), cookie-keeping httpx clients, and OpenEnv
+WebSocket clients."""
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("openenv")
+
+from libratio_jax.serve.client import ClientPool, LibratioClient  # noqa: E402
+from libratio_jax.text.session import TextSession  # noqa: E402
+
+PRECISION = "Classic-FleetPrecision-v0"
+TIMEOUT = 120.0  # the first request of a task waits for its pool's compile
+
+
+def post(url, **kw):
+    return httpx.post(url, timeout=TIMEOUT, **kw)
+
+
+def get(url, **kw):
+    return httpx.get(url, timeout=TIMEOUT, **kw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _server(*args: str):
+    port = _free_port()
+    log = tempfile.TemporaryFile()  # (a pipe nobody reads would fill up and stall the server)
+    proc = subprocess.Popen([sys.executable, "-m", "libratio_jax", "serve", "--port", str(port),
+                             "--bank-size", "2", *args],
+                            stdout=subprocess.DEVNULL, stderr=log,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(log.read().decode()[-2000:])
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _server("--max-sessions", "80") as url:
+        yield url
+
+
+def _local_rewards(env: str, seed: int, replies) -> list[float]:
+    s = TextSession(env, seed=seed, **({} if env.startswith("Classic-") else {"bank_size": 2}))
+    s.reset(seed)
+    out = []
+    for reply in replies:
+        r = s.step(reply)
+        out.append(r.reward)
+        if r.done:
+            break
+    return out
+
+
+# replies a client of the original service sends (its JSON actions)
+_ORIGINAL_EPISODES = {
+    "fleet_precision": [{"precision_strategy": {"embedding": "FP32", "ffn": "FP8",
+                                                "attention": "BF16"}}] * 8,
+    "fleet_resource": [{"allocations": {"model_a": {"gpus": 2}}}] * 8,
+    "fleet_oversight": [{"action_type": "continue_monitoring"}] * 8,
+    "fleet_recovery": [{"diagnosed_model": "model_b", "root_cause": "fp8 embedding underflow",
+                        "reasoning": "loss went NaN", "new_precision_strategy":
+                        {"embedding": "FP32"}}] * 4,
+}
+
+
+def test_original_routes_play_every_task_with_plain_httpx(server):
+    """A script written against the original service (one-off httpx.post calls, no cookies)
+    plays full episodes; scores equal the same episodes played locally."""
+    import json
+
+    assert get(server + "/health").json()["status"] == "ok"
+    ids = {t["task_id"] for t in get(server + "/fleet/tasks").json()}
+    assert set(_ORIGINAL_EPISODES) <= ids and "Fleet-Recovery-v0" in ids
+    for task, actions in _ORIGINAL_EPISODES.items():
+        r = post(server + "/fleet/reset", json={"task_id": task, "seed": 5})
+        assert r.status_code == 200 and r.json()["observation"]["text"]
+        scores = []
+        for action in actions:
+            out = post(server + "/fleet/step", json={"action": action}).json()
+            scores.append(out["reward"]["score"])
+            assert isinstance(out["reward"]["feedback"], str)
+            if out["done"]:
+                assert out["observation"] is None
+                break
+        env = post(server + "/fleet/state").json()
+        assert env["task_id"] == task and env["is_done"] and env["step_number"] == len(scores)
+        expected = _local_rewards(env["current_task"], 5, [json.dumps(a) for a in actions])
+        assert scores == pytest.approx(expected, abs=1e-6), task
+    # text replies go through the same routes (any task takes {"reply": text})
+    post(server + "/fleet/reset", json={"task_id": "fleet_oversight", "seed": 2})
+    out = post(server + "/fleet/step", json={"reply": 'Fine. {"action_type": '
+                                                     '"continue_monitoring"}'})
+    assert out.status_code == 200 and out.json()["info"]["stage"] == "valid"
+
+
+def test_cookie_sessions_never_see_each_other(server):
+    a, b = (httpx.Client(base_url=server, timeout=TIMEOUT) for _ in range(2))
+    with a, b:
+        a.post("/fleet/session")
+        b.post("/fleet/session")
+        assert a.cookies.get("libratio_session") != b.cookies.get("libratio_session")
+        a.post("/fleet/reset", json={"task_id": "fleet_precision", "seed": 1})
+        b.post("/fleet/reset", json={"task_id": "fleet_precision", "seed": 2})
+        ra, rb = [], []
+        for _ in range(3):  # interleaved
+            ra.append(a.post("/fleet/step", json={"precision_strategy": {"ffn": "FP8",
+                                                                         "embedding": "FP32"}})
+                      .json()["reward"]["score"])
+            rb.append(b.post("/fleet/step", json={"precision_strategy": {"ffn": "BF16"}})
+                      .json()["reward"]["score"])
+        assert a.post("/fleet/state").json()["current_scenario_id"] == 1
+        assert b.post("/fleet/state").json()["current_scenario_id"] == 2
+    assert ra == pytest.approx(_local_rewards(
+        PRECISION, 1, ['{"precision_strategy": {"ffn": "FP8", "embedding": "FP32"}}'] * 3))
+    assert rb == pytest.approx(_local_rewards(
+        PRECISION, 2, ['{"precision_strategy": {"ffn": "BF16"}}'] * 3))
+
+
+def test_bad_input_is_a_4xx_that_names_the_problem(server):
+    h = {"X-Session-Id": "bad-input"}
+    cases = [
+        (post(server + "/fleet/reset", content=b"{not json", headers=h), 400, "JSON"),
+        (post(server + "/fleet/reset", json={"task_id": "chess"}, headers=h), 400,
+         "unknown task"),
+        (post(server + "/fleet/reset", json={"task_id": "fleet_precision",
+                                                   "seed": "x"}, headers=h), 400, "seed"),
+        (post(server + "/fleet/reset", json=[1, 2], headers=h), 400, "JSON object"),
+        (post(server + "/fleet/step", json={"action": {}},
+                    headers={"X-Session-Id": "never-reset"}), 404, "unknown session"),
+        (post(server + "/fleet/state", headers={"X-Session-Id": "nope"}), 404,
+         "unknown session"),
+        (post(server + "/fleet/step", content=b"x" * (2 << 20), headers=h), 413,
+         "bytes"),
+    ]
+    for r, status, words in cases:
+        assert r.status_code == status and words in r.json()["detail"], (r.status_code, r.text)
+    post(server + "/fleet/reset", json={"task_id": "fleet_recovery", "seed": 0},
+               headers=h)
+    r = post(server + "/fleet/step", json={"action": "flag"}, headers=h)
+    assert r.status_code == 400 and "JSON object" in r.json()["detail"]
+    for _ in range(3):  # wrong-typed fields are judged as unreadable replies, not errors
+        r = post(server + "/fleet/step", json={"action": {"reasoning": 5}}, headers=h)
+        assert r.status_code == 200
+    r = post(server + "/fleet/step", json={"action": {}}, headers=h)
+    assert r.status_code == 409 and "finished" in r.json()["detail"]
+    # OpenEnv's stateless HTTP step has no episode: refused, not a 500
+    r = post(server + "/step", json={"action": {"reply": "x"}})
+    assert r.status_code == 409 and "reset" in r.json()["detail"]
+    assert get(server + "/health").status_code == 200
+
+
+async def _ws_episode(url, seed, replies):
+    async with LibratioClient(url) as c:
+        await c.reset(task=PRECISION, seed=seed)
+        out = []
+        for reply in replies:
+            r = await c.step(reply)
+            out.append(r.reward)
+            await asyncio.sleep(0)  # interleave with the other sessions
+            if r.done:
+                break
+        return out
+
+
+def test_64_websocket_sessions_each_see_only_their_episode(server):
+    replies = [f'{{"precision_strategy": {{"ffn": "{f}", "embedding": "FP32"}}}}'
+               for f in ("FP8", "BF16", "FP16", "FP32")]
+
+    async def main():
+        return await asyncio.gather(*(
+            _ws_episode(server, 100 + i, [replies[(i + k) % 4] for k in range(8)])
+            for i in range(64)))
+
+    got = asyncio.run(main())
+    for i in (0, 1, 2, 3, 17, 63):
+        assert got[i] == pytest.approx(_local_rewards(
+            PRECISION, 100 + i, [replies[(i + k) % 4] for k in range(8)]), abs=1e-6)
+    health = get(server + "/health").json()  # the WebSocket sessions freed their slots
+    assert health["active_sessions"] == health["fleet_sessions"]
+
+
+def test_errors_and_disconnects_over_websocket(server):
+    async def main():
+        c = LibratioClient(server)
+        await c.connect()
+        with pytest.raises(RuntimeError, match="step before reset"):
+            await c.step("x")
+        with pytest.raises(RuntimeError, match="unknown task"):
+            await c.reset(task="chess")
+        await c.reset(task=PRECISION, seed=0)
+        before = get(server + "/health").json()["active_sessions"]
+        await c._ws.close()  # drop the connection mid-episode, no close message
+        for _ in range(50):
+            if get(server + "/health").json()["active_sessions"] < before:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    assert asyncio.run(main())
+
+
+def test_pool_routes_to_the_least_loaded_replica_and_bursts_are_refused():
+    with _server("--max-sessions", "3") as a, _server("--max-sessions", "3") as b:
+        pool = ClientPool([a, b])
+
+        async def main():
+            async with contextlib.AsyncExitStack() as stack:
+                opened = [await stack.enter_async_context(pool.episode(task=PRECISION,
+                                                                        seed=i))
+                          for i in range(4)]
+                assert pool.active == {0: 2, 1: 2}
+                r = await opened[0][0].step('{"precision_strategy": {"ffn": "FP8"}}')
+                assert r.reward is not None
+            assert pool.active == {0: 0, 1: 0}
+            # a burst past --max-sessions: the extra sessions are refused cleanly
+            clients = [LibratioClient(a) for _ in range(5)]
+            results = await asyncio.gather(*(c.reset(task=PRECISION) for c in clients),
+                                           return_exceptions=True)
+            refused = [r for r in results if isinstance(r, Exception)]
+            for c in clients:
+                with contextlib.suppress(Exception):
+                    await c.close()
+            return len(refused)
+
+        assert asyncio.run(main()) == 2
+        assert get(a + "/health").status_code == 200
