@@ -186,6 +186,13 @@ def recovery_baselines() -> str:
                    "recovered"), rows)
 
 
+def server_load() -> str:
+    rows = [(r["mode"], f"{r['sessions']:,}", f"{r['steps']:,}", _si(r["steps_per_second"]),
+             f"{r['p50_ms']:.1f} ms", f"{r['p99_ms']:.1f} ms", str(r["errors"]))
+            for r in _load(BENCH, "server_load_cpu.json") or []]
+    return _table(("mode", "sessions", "steps", "steps/s", "p50", "p99", "errors"), rows)
+
+
 def eval_baselines() -> str:
     d = _load(EXPER, "eval_baselines.json")
     if d is None:
@@ -196,7 +203,7 @@ def eval_baselines() -> str:
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
-    oversight_baselines, recovery_baselines, eval_baselines)}
+    oversight_baselines, recovery_baselines, eval_baselines, server_load)}
 
 
 def render(text: str) -> str:

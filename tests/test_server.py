@@ -4,12 +4,6 @@ WebSocket clients."""
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
 
@@ -17,6 +11,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("openenv")
 
 from libratio_jax.serve.client import ClientPool, LibratioClient  # noqa: E402
+from libratio_jax.serve.process import local_server  # noqa: E402
 from libratio_jax.text.session import TextSession  # noqa: E402
 
 PRECISION = "Classic-FleetPrecision-v0"
@@ -31,36 +26,8 @@ def get(url, **kw):
     return httpx.get(url, timeout=TIMEOUT, **kw)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
 def _server(*args: str):
-    port = _free_port()
-    log = tempfile.TemporaryFile()  # (a pipe nobody reads would fill up and stall the server)
-    proc = subprocess.Popen([sys.executable, "-m", "libratio_jax", "serve", "--port", str(port),
-                             "--bank-size", "2", *args],
-                            stdout=subprocess.DEVNULL, stderr=log,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(log.read().decode()[-2000:])
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
+    return local_server("--bank-size", "2", *args)
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +221,63 @@ def test_pool_routes_to_the_least_loaded_replica_and_bursts_are_refused():
 
         assert asyncio.run(main()) == 2
         assert get(a + "/health").status_code == 200
+
+
+def test_eval_plays_on_the_server_as_locally(server):
+    """`libratio eval --env-url`: the model's episodes on the server score as local ones."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from test_llm_eval import _Stub
+
+    from libratio_jax.integrations import llm_eval as L
+
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{stub.server_address[1]}/v1"
+    try:
+        kw = dict(tasks="classic_precision", episodes=2, seed=4, base_url=endpoint,
+                  model="good", baselines=False, progress=False, log=lambda m: None)
+        remote = L.run_eval(env_url=server, **kw)["tasks"]["classic_precision"]["model"]
+        local = L.run_eval(**kw)["tasks"]["classic_precision"]["model"]
+    finally:
+        stub.shutdown()
+    assert remote["summary"]["failed"] == 0
+    assert [e["score"] for e in remote["episodes"]] == pytest.approx(
+        [e["score"] for e in local["episodes"]], abs=1e-6)
+    assert remote["episodes"][0]["transcript"][0]["feedback"] == \
+        local["episodes"][0]["transcript"][0]["feedback"]
+    # a server that is not there: every episode recorded as failed, none scored
+    down = L.run_eval(env_url="http://127.0.0.1:9", **{**kw, "episodes": 1})
+    s = down["tasks"]["classic_precision"]["model"]
+    assert s["summary"]["failed"] == 1 and s["episodes"][0]["status"] == "env_error"
+
+
+@pytest.mark.parametrize("window", [0.002, None])
+def test_first_sessions_arriving_together_share_one_pool(window):
+    """(In-process.) Sessions that start at once, batched or not, play their own episodes:
+    their task's pool is built once, not once per racing request."""
+    from libratio_jax.serve.batcher import Hub
+    from libratio_jax.serve.environment import LibratioEnvironment
+    from libratio_jax.serve.models import LibratioAction
+
+    reply = '{"precision_strategy": {"embedding": "FP32", "ffn": "FP8"}}'
+
+    async def main():
+        hub = Hub(8, window_seconds=window)
+
+        async def episode(seed):
+            env = LibratioEnvironment(hub)
+            await env.reset_async(seed=seed, task=PRECISION)
+            out = []
+            while not env.state.done:
+                out.append((await env.step_async(LibratioAction(reply=reply))).reward)
+            env.close()
+            return out
+
+        return await asyncio.gather(*(episode(s) for s in (4, 5, 6))), hub
+
+    got, hub = asyncio.run(main())
+    assert got == [pytest.approx(_local_rewards(PRECISION, s, [reply] * 8)) for s in (4, 5, 6)]
+    assert hub.active_sessions == 0
+    hub.close()

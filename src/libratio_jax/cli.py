@@ -216,8 +216,10 @@ def _serve(args, parser) -> int:
                     overrides={} if args.bank_size is None else {"bank_size": args.bank_size})
     print(f"libratio serve: http://{args.host}:{args.port} (WebSocket /ws, /fleet routes, "
           f"/docs)", file=sys.stderr, flush=True)
+    # No per-message compression: the messages are small text, and deflating each one costs
+    # more CPU than the bytes it saves on a local network.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=args.max_body_bytes)
+                ws_max_size=args.max_body_bytes, ws_per_message_deflate=False)
     return 0
 
 
@@ -256,7 +258,8 @@ def _eval_parser(sub, fmt) -> None:
     v.add_argument("--no-baselines", action="store_true", help="play the model only")
     v.add_argument("--no-progress", action="store_true", help="no progress bars")
     v.add_argument("--env-url", default=None,
-                   help="play against a running `libratio serve` instead of local sessions")
+                   help="play the model's episodes on a running `libratio serve` (e.g. "
+                        "http://localhost:8000) instead of local sessions ([serve] extra)")
 
 
 def _eval(args, parser, argv: list[str]) -> int:
@@ -264,9 +267,9 @@ def _eval(args, parser, argv: list[str]) -> int:
 
     from libratio_jax.integrations import llm_eval
 
-    if args.env_url is not None:
-        parser.error("--env-url: playing against a server needs `libratio serve`, which this "
-                     "version does not have yet; omit it to play local sessions")
+    if args.env_url is not None and args.base_url is None:
+        parser.error("--env-url needs a model (--base-url and --model); the baselines play "
+                     "locally")
     if args.base_url is not None:
         try:
             import httpx  # noqa: F401
@@ -282,7 +285,7 @@ def _eval(args, parser, argv: list[str]) -> int:
             temperature=args.temperature, max_tokens=args.max_tokens,
             timeout_seconds=args.timeout, max_retries=args.retries, max_turns=args.max_turns,
             baselines=not args.no_baselines, progress=not args.no_progress,
-            overrides=overrides, command=["libratio"] + list(argv),
+            overrides=overrides, env_url=args.env_url, command=["libratio"] + list(argv),
             log=lambda m: print(m, file=sys.stderr))
     except ValueError as e:
         parser.error(str(e))

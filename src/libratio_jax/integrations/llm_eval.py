@@ -7,9 +7,12 @@ model's reply, read by the task's never-raising parser and judged by the environ
 ``i`` of a task uses seed ``seed + i``, for the model and for every baseline, so they play the
 same scenarios. Episodes run concurrently (asyncio, ``concurrency`` requests in flight); each
 request has a timeout and retries with backoff (:class:`~libratio_jax.integrations.
-chat_client.ChatClient`). An episode whose endpoint failed is reported with its error and left
-out of the scores (never scored as a bad policy); a reply that cannot be read is a turn of the
-model, judged like any invalid action.
+chat_client.ChatClient`). An episode whose endpoint (or environment server) failed is reported
+with its error and left out of the scores (never scored as a bad policy); a reply that cannot
+be read is a turn of the model, judged like any invalid action. With ``env_url`` the episodes
+are played on a running ``libratio serve`` (one WebSocket session each) instead of local
+sessions; the baselines always play locally (they read the environment's state), on the same
+seeds, so the scores compare when the server runs the same environments.
 
 An episode's score is its mean reward per turn (as ``get_reward`` of the TRL environments).
 Per task and policy: the mean score with a 95% confidence interval (normal approximation,
@@ -212,60 +215,124 @@ def play_baseline(env_name: str, baseline: Baseline, n: int, seed: int, *, max_t
 # ---- the model's episodes ----------------------------------------------------------------
 
 
-async def _play_episode(pool: SessionPool, i: int, first: str, client, sem, max_turns: int,
-                        progress) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Turn:
+    feedback: str
+    reward: float
+    done: bool
+    stage: str
+    reason: str
+    rules: list
+
+
+class _LocalEpisode:
+    """Episode ``i`` of a local :class:`SessionPool`."""
+
+    def __init__(self, pool: SessionPool, i: int):
+        self.pool, self.i = pool, i
+
+    async def start(self) -> tuple[str, str]:
+        return self.pool.system_prompt, self.pool.task.observe(self.pool.state(self.i))
+
+    async def step(self, reply: str) -> _Turn:
+        r = self.pool.step({self.i: reply})[self.i]
+        return _Turn(r.feedback, r.reward, r.done, r.info["stage"], r.info["reason"],
+                     list(r.info["rules"]))
+
+    async def close(self) -> None:
+        pass
+
+
+class _RemoteEpisode:
+    """An episode on a running ``libratio serve`` (one WebSocket session)."""
+
+    def __init__(self, env_url: str, env_name: str, seed: int):
+        from libratio_jax.serve.client import LibratioClient
+
+        self.client = LibratioClient(env_url, message_timeout_s=600.0)
+        self.env_name, self.seed = env_name, seed
+
+    async def start(self) -> tuple[str, str]:
+        r = await self.client.reset(task=self.env_name, seed=self.seed)
+        return r.observation.system_prompt, r.observation.text
+
+    async def step(self, reply: str) -> _Turn:
+        r = await self.client.step(reply)
+        o = r.observation
+        return _Turn(o.text, float(r.reward), bool(r.done), o.stage, o.reason, list(o.rules))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def _play_episode(episode, client, sem, max_turns: int, progress) -> dict:
     from libratio_jax.integrations.chat_client import ChatError
 
-    messages = [{"role": "system", "content": pool.system_prompt},
-                {"role": "user", "content": first}]
     record: dict[str, Any] = {"seed": None, "status": "ok", "error": None, "turns": 0,
                               "valid_turns": 0, "score": None, "prompt_tokens": 0,
                               "completion_tokens": 0, "transcript": []}
     rewards = []
-    for turn in range(1, max_turns + 1):
-        try:
-            async with sem:
-                reply = await client.chat(messages)
-        except ChatError as e:
-            record["status"], record["error"] = "endpoint_error", str(e)
-            break
-        record["prompt_tokens"] += reply.prompt_tokens
-        record["completion_tokens"] += reply.completion_tokens
-        parsed, _, _ = T.extract_json(reply.text, is_json_object)
-        result = pool.step({i: reply.text})[i]
-        rewards.append(result.reward)
-        record["valid_turns"] += result.info["stage"] == "valid"
-        record["transcript"].append({
-            "turn": turn, "prompt": messages[-1]["content"], "reply": reply.text,
-            "parsed": parsed, "stage": result.info["stage"], "reason": result.info["reason"],
-            "rules": result.info["rules"], "reward": result.reward,
-            "feedback": result.feedback, "attempts": reply.attempts})
-        messages += [{"role": "assistant", "content": reply.text},
-                     {"role": "user", "content": result.feedback}]
-        if result.done:
-            break
-    else:
-        record["status"] = "truncated"
+    try:
+        system, first = await episode.start()
+    except Exception as e:  # noqa: BLE001 - the environment server failed: recorded
+        record["status"], record["error"] = "env_error", f"{type(e).__name__}: {e}"[:500]
+        progress.update(1)
+        return record
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+    try:
+        for turn in range(1, max_turns + 1):
+            try:
+                async with sem:
+                    reply = await client.chat(messages)
+            except ChatError as e:
+                record["status"], record["error"] = "endpoint_error", str(e)
+                break
+            record["prompt_tokens"] += reply.prompt_tokens
+            record["completion_tokens"] += reply.completion_tokens
+            parsed, _, _ = T.extract_json(reply.text, is_json_object)
+            result = await episode.step(reply.text)
+            rewards.append(result.reward)
+            record["valid_turns"] += result.stage == "valid"
+            record["transcript"].append({
+                "turn": turn, "prompt": messages[-1]["content"], "reply": reply.text,
+                "parsed": parsed, "stage": result.stage, "reason": result.reason,
+                "rules": result.rules, "reward": result.reward, "feedback": result.feedback,
+                "attempts": reply.attempts})
+            messages += [{"role": "assistant", "content": reply.text},
+                         {"role": "user", "content": result.feedback}]
+            if result.done:
+                break
+        else:
+            record["status"] = "truncated"
+    except Exception as e:  # noqa: BLE001 - the environment server failed mid-episode
+        record["status"], record["error"] = "env_error", f"{type(e).__name__}: {e}"[:500]
+    finally:
+        await episode.close()
     record["turns"] = len(rewards)
-    if record["status"] != "endpoint_error":
+    if record["status"] in ("ok", "truncated"):
         record["score"] = float(np.mean(rewards)) if rewards else 0.0
     progress.update(1)
     return record
 
 
 async def play_model(env_name: str, client, n: int, seed: int, *, concurrency: int = 8,
-                     max_turns: int = 32, progress: bool = True, **overrides) -> list[dict]:
+                     max_turns: int = 32, progress: bool = True, env_url: str | None = None,
+                     **overrides) -> list[dict]:
     """``n`` episodes of the model behind ``client`` (seeds ``seed + i``), ``concurrency``
-    requests in flight; one record per episode with its transcript."""
+    requests in flight, in local text sessions or (``env_url``) on a running ``libratio
+    serve``; one record per episode with its transcript."""
     from tqdm.auto import tqdm
 
-    pool = SessionPool(env_name, n, seed=seed, **overrides)
-    firsts = [pool.task.observe(pool.state(i)) for i in range(n)]
+    if env_url is None:
+        pool = SessionPool(env_name, n, seed=seed, **overrides)
+        episodes = [_LocalEpisode(pool, i) for i in range(n)]
+    else:
+        episodes = [_RemoteEpisode(env_url, env_name, seed + i) for i in range(n)]
     sem = asyncio.Semaphore(concurrency)
     with tqdm(total=n, desc=env_name, unit="episode", disable=not progress,
               file=sys.stderr) as bar:
         records = await asyncio.gather(*(
-            _play_episode(pool, i, firsts[i], client, sem, max_turns, bar) for i in range(n)))
+            _play_episode(e, client, sem, max_turns, bar) for e in episodes))
     for i, r in enumerate(records):
         r["seed"] = seed + i
     return list(records)
@@ -283,7 +350,7 @@ def summarize(records: Sequence[dict]) -> dict:
     ci = Z95 * float(scores.std(ddof=1)) / math.sqrt(n) if n > 1 else float("nan")
     return {
         "episodes": len(records), "scored": n,
-        "failed": sum(r["status"] == "endpoint_error" for r in records),
+        "failed": sum(r["status"] in ("endpoint_error", "env_error") for r in records),
         "truncated": sum(r["status"] == "truncated" for r in records),
         "mean_score": round(float(scores.mean()), 4) if n else None,
         "ci95": round(ci, 4) if n > 1 else None,
@@ -330,7 +397,8 @@ def run_eval(*, tasks: str = "all", episodes: int = 8, seed: int = 0, base_url: 
              temperature: float = 0.0, max_tokens: int = 1024, timeout_seconds: float = 60.0,
              max_retries: int = 3, backoff_seconds: float = 1.0, max_turns: int = 32,
              baselines: bool = True, progress: bool = True, overrides: dict | None = None,
-             command: Sequence[str] | None = None, log=print) -> dict:
+             env_url: str | None = None, command: Sequence[str] | None = None,
+             log=print) -> dict:
     """Play ``episodes`` of each task with the model (``base_url``/``model``; ``None``:
     baselines only) and the baselines; returns the report (see ``libratio eval --help``)."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
@@ -347,7 +415,7 @@ def run_eval(*, tasks: str = "all", episodes: int = 8, seed: int = 0, base_url: 
                      "base_url": base_url, "model": model, "temperature": temperature,
                      "max_tokens": max_tokens, "timeout_seconds": timeout_seconds,
                      "max_retries": max_retries, "concurrency": concurrency,
-                     "max_turns": max_turns, "env_overrides": overrides},
+                     "max_turns": max_turns, "env_overrides": overrides, "env_url": env_url},
         "tasks": {}}
     for task, env_name in chosen:
         env_kw = _env_overrides(env_name, overrides)
@@ -357,7 +425,7 @@ def run_eval(*, tasks: str = "all", episodes: int = 8, seed: int = 0, base_url: 
             records = asyncio.run(_with_client(
                 env_name, episodes, seed, base_url, model, api_key, concurrency, temperature,
                 max_tokens, timeout_seconds, max_retries, backoff_seconds, max_turns,
-                progress, env_kw))
+                progress, env_url, env_kw))
             entry["model"] = {"summary": summarize(records), "episodes": records,
                               "wall_seconds": round(time.perf_counter() - t0, 1)}
             log(f"{task}: {model}: {entry['model']['summary']}")
@@ -380,7 +448,7 @@ def _env_overrides(env_name: str, overrides: dict) -> dict:
 
 async def _with_client(env_name, episodes, seed, base_url, model, api_key, concurrency,
                        temperature, max_tokens, timeout_seconds, max_retries, backoff_seconds,
-                       max_turns, progress, env_kw):
+                       max_turns, progress, env_url, env_kw):
     from libratio_jax.integrations.chat_client import ChatClient
 
     async with ChatClient(base_url, model, api_key=api_key, temperature=temperature,
@@ -388,7 +456,8 @@ async def _with_client(env_name, episodes, seed, base_url, model, api_key, concu
                           max_retries=max_retries, backoff_seconds=backoff_seconds,
                           seed=seed) as client:
         return await play_model(env_name, client, episodes, seed, concurrency=concurrency,
-                                max_turns=max_turns, progress=progress, **env_kw)
+                                max_turns=max_turns, progress=progress, env_url=env_url,
+                                **env_kw)
 
 
 def save_report(report: dict, path: str) -> tuple[str, str]:

@@ -77,10 +77,12 @@ class TaskBatcher:
     async def start(self) -> None:
         """Build the pool (and compile its reset and step) on the worker thread."""
         if self._pool is None:
-            loop = asyncio.get_running_loop()
-            self._pool = await loop.run_in_executor(
-                self._executor, lambda: self._pool or SessionPool(
-                    self.env_name, self.capacity, **self._overrides))
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._build)
+
+    def _build(self) -> None:
+        # On the worker thread, so concurrent first requests build one pool, not one each.
+        if self._pool is None:
+            self._pool = SessionPool(self.env_name, self.capacity, **self._overrides)
 
     def acquire(self) -> int:
         with self._lock:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from libratio_jax.env.classic import monitoring_rules as MR
@@ -56,7 +55,7 @@ def precision_action_from_json(action: Mapping[str, Any]) -> PrecisionAction:
     strategy = action.get("precision_strategy") if isinstance(action, Mapping) else None
     if strategy is not None and not isinstance(strategy, Mapping):
         raise ValueError("precision_strategy must map layer types to precisions")
-    return PrecisionAction(strategy=jnp.asarray(strategy_array(strategy)))
+    return PrecisionAction(strategy=np.asarray(strategy_array(strategy)))
 
 
 def precision_action_to_json(action: PrecisionAction) -> dict:
@@ -97,9 +96,9 @@ def resource_action_from_json(action: Mapping[str, Any],
             has[i] = True
             strat[i] = strategy_array(alloc["precision_strategy"],
                                       f"allocations[{mid!r}].precision_strategy")
-    return ResourceAction(gpus=jnp.asarray(gpus), listed=jnp.asarray(listed),
-                          has_strategy=jnp.asarray(has), strategy=jnp.asarray(strat),
-                          extra_zero_gpus=jnp.asarray(extra_zero))
+    return ResourceAction(gpus=np.asarray(gpus), listed=np.asarray(listed),
+                          has_strategy=np.asarray(has), strategy=np.asarray(strat),
+                          extra_zero_gpus=np.asarray(extra_zero))
 
 
 def resource_action_to_json(action: ResourceAction, scenario: Mapping[str, Any]) -> dict:
@@ -141,7 +140,7 @@ def _text(value: Any, where: str) -> str:
 
 def _cause(text: str):
     low = text.lower()
-    return jnp.asarray(np.array([w in low for w in CAUSE_VOCABULARY]))
+    return np.asarray(np.array([w in low for w in CAUSE_VOCABULARY]))
 
 
 def oversight_action_from_json(action: Mapping[str, Any], scenario: Mapping[str, Any]):
@@ -159,11 +158,11 @@ def oversight_action_from_json(action: Mapping[str, Any], scenario: Mapping[str,
                              or step != step or abs(step) > 2**24 or int(step) != step):
         raise ValueError(f"flagged_step must be an integer or null, got {step!r}")
     return OversightAction(
-        action_type=jnp.int32(kind),
-        flagged_model=jnp.int32(_model_slot(action.get("flagged_model"), scenario,
+        action_type=np.int32(kind),
+        flagged_model=np.int32(_model_slot(action.get("flagged_model"), scenario,
                                             "flagged_model")),
-        flagged_step=jnp.int32(-1 if step is None else int(step)),
-        has_step=jnp.bool_(step is not None),
+        flagged_step=np.int32(-1 if step is None else int(step)),
+        has_step=np.bool_(step is not None),
         cause=_cause(_text(action.get("root_cause"), "root_cause")))
 
 
@@ -183,15 +182,15 @@ def recovery_action_from_json(action: Mapping[str, Any], scenario: Mapping[str, 
     extra = sum(1 for k, v in strategy.items() if k not in CR.LAYER_TYPES and v is not None)
     return RecoveryAction(
         cause=_cause(root if isinstance(root, str) else ""),
-        has_root_cause=jnp.bool_(bool(root)),
-        diagnosed_model=jnp.int32(_model_slot(action.get("diagnosed_model"), scenario,
+        has_root_cause=np.bool_(bool(root)),
+        diagnosed_model=np.int32(_model_slot(action.get("diagnosed_model"), scenario,
                                               "diagnosed_model")),
-        strategy=jnp.asarray(strategy_array(strategy, "new_precision_strategy")),
-        has_strategy=jnp.bool_(bool(strategy)),
-        extra_changed=jnp.int32(extra),
-        reasoning_chars=jnp.int32(min(len(reasoning), 2**24)),
-        mentions_stable=jnp.bool_("stable" in low or "safe" in low),
-        mentions_monitor=jnp.bool_("monitor" in low or "watch" in low))
+        strategy=np.asarray(strategy_array(strategy, "new_precision_strategy")),
+        has_strategy=np.bool_(bool(strategy)),
+        extra_changed=np.int32(extra),
+        reasoning_chars=np.int32(min(len(reasoning), 2**24)),
+        mentions_stable=np.bool_("stable" in low or "safe" in low),
+        mentions_monitor=np.bool_("monitor" in low or "watch" in low))
 
 
 def _slot_name(slot: int, scenario: Mapping[str, Any]) -> str | None:
