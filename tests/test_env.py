@@ -106,9 +106,10 @@ def test_determinism_and_finite(env_params):
 
 def test_info_structure_same_after_reset_and_step(env_params):
     env, params = env_params
-    obs, state = env.reset(jax.random.PRNGKey(0), params)
-    out = env.step(jax.random.PRNGKey(1), state, env.sample_action(jax.random.PRNGKey(2), state),
-                   params)
+    # (structure and shapes only: traced, not run)
+    obs, state = jax.eval_shape(env.reset, jax.random.PRNGKey(0), params)
+    out = jax.eval_shape(lambda s: env.step(jax.random.PRNGKey(1), s, env.sample_action(
+        jax.random.PRNGKey(2), s), params), state)
     assert jax.tree.structure(state.info) == jax.tree.structure(out[5])
     assert [x.shape for x in jax.tree.leaves(state.info)] == [
         x.shape for x in jax.tree.leaves(out[5])]

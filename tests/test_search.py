@@ -154,8 +154,9 @@ def test_team_rewards_batch_equals_one_at_a_time():
     sc = SCENARIOS[9]
     plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(1), S.uniform_logits(sc), (64,)))
     g, fired, u = jax.jit(team_rewards)(sc, plans, PARAMS)
+    one = jax.jit(team_reward_of)
     for b in range(0, 64, 7):
-        gb, fb, ub, _ = team_reward_of(sc, jax.tree.map(lambda x, b=b: x[b], plans), PARAMS)
+        gb, fb, ub, _ = one(sc, jax.tree.map(lambda x, b=b: x[b], plans), PARAMS)
         assert float(g[b]) == pytest.approx(float(gb), abs=1e-6)
         np.testing.assert_array_equal(fired[b], fb)
         np.testing.assert_allclose(u[b], ub, atol=1e-6)
@@ -163,9 +164,14 @@ def test_team_rewards_batch_equals_one_at_a_time():
 
 def test_ranking_score_orders_feasible_then_fewer_rules():
     sc = SCENARIOS[10]
-    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(2), S.uniform_logits(sc), (4096,)))
-    g, fired, u = team_rewards(sc, plans, PARAMS)
-    score = np.asarray(ranking_score(sc, g, fired, u))
+    @jax.jit
+    def scored(key):
+        plans = decode_batch(sc, sample_batch(key, S.uniform_logits(sc), (4096,)))
+        g, fired, u = team_rewards(sc, plans, PARAMS)
+        return g, fired, ranking_score(sc, g, fired, u)
+
+    g, fired, score = scored(jax.random.PRNGKey(2))
+    score = np.asarray(score)
     n_fired = np.asarray(fired).sum(-1)
     ok = n_fired == 0
     np.testing.assert_allclose(score[ok], np.asarray(g)[ok])

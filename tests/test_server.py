@@ -133,6 +133,8 @@ def test_bad_input_is_a_4xx_that_names_the_problem(server):
         assert r.status_code == status and words in r.json()["detail"], (r.status_code, r.text)
     post(server + "/fleet/reset", json={"task_id": "fleet_recovery", "seed": 0},
                headers=h)
+    r = post(server + "/fleet/step", json={"action": {"reasoning": "x" * 300_000}}, headers=h)
+    assert r.status_code == 413 and "characters" in r.json()["detail"]
     r = post(server + "/fleet/step", json={"action": "flag"}, headers=h)
     assert r.status_code == 400 and "JSON object" in r.json()["detail"]
     for _ in range(3):  # wrong-typed fields are judged as unreadable replies, not errors
@@ -196,8 +198,9 @@ def test_errors_and_disconnects_over_websocket(server):
     assert asyncio.run(main())
 
 
-def test_pool_routes_to_the_least_loaded_replica_and_bursts_are_refused():
-    with _server("--max-sessions", "3") as a, _server("--max-sessions", "3") as b:
+def test_pool_routes_to_the_least_loaded_replica_and_bursts_are_refused(server):
+    with _server("--max-sessions", "3") as a:
+        b = server  # a second replica (with room for more)
         pool = ClientPool([a, b])
 
         async def main():

@@ -23,8 +23,9 @@ Baselines (:data:`BASELINES`): ``random`` for every task; ``greedy`` (Fleet: the
 planner), ``threshold`` (oversight: the threshold detector), ``greedy`` (recovery: the greedy
 recovery); ``cem`` (Fleet: a small cross-entropy search per round: 4 iterations of 1,024
 plans); ``ideal table`` (classic precision: the original's ideal formats per layer type);
-``priority split`` (classic resource: GPUs in proportion to the priorities). Classic oversight
-and recovery have the random baseline only.
+``priority split`` (classic resource: GPUs in proportion to the priorities); ``exhaustive``
+(classic precision: all 1,024 strategies judged by the environment each turn, the best played).
+Classic oversight and recovery have the random baseline only.
 """
 
 from __future__ import annotations
@@ -163,6 +164,21 @@ def _priority_split(task, state) -> str:
                                        for m, g in zip(models, gpus, strict=True)}})
 
 
+def _precision_exhaustive(key, state, env, params):
+    """Classic precision: every strategy (4 precisions for each of the 5 layer types, 1,024)
+    judged by the environment's own step, the best one played. A model's step score depends
+    only on its strategy and the fleet configured so far, so this is the best score of each
+    turn."""
+    from libratio_jax.env.classic.env import NUM_TYPES, PrecisionAction
+    from libratio_jax.env.classic.rules import PRECISIONS
+
+    n = len(PRECISIONS)
+    grid = (jnp.arange(n ** NUM_TYPES)[:, None] // n ** jnp.arange(NUM_TYPES)[None, :]) % n
+    rewards = jax.vmap(lambda a: env.step(key, state, PrecisionAction(strategy=a), params)[2])(
+        grid.astype(jnp.int32))
+    return PrecisionAction(strategy=grid[jnp.argmax(rewards)].astype(jnp.int32))
+
+
 def baselines_for(env) -> list[Baseline]:
     """The baselines of ``env``'s task."""
     random = Baseline("random", "random", act=_space_sample)
@@ -174,7 +190,8 @@ def baselines_for(env) -> list[Baseline]:
         return _recovery_baselines()
     if isinstance(env, ClassicPrecisionEnv):
         return [random, Baseline("ideal table", "scripted", reply=lambda task, s: json.dumps(
-            {"precision_strategy": _IDEAL_STRATEGY}))]
+            {"precision_strategy": _IDEAL_STRATEGY})),
+            Baseline("exhaustive", "search", act=_precision_exhaustive)]
     if isinstance(env, ClassicResourceEnv):
         return [random, Baseline("priority split", "scripted", reply=_priority_split)]
     return [random]

@@ -33,7 +33,7 @@ from openenv.core.env_server.types import ConcurrencyConfig
 
 from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
 from libratio_jax.serve.environment import LibratioEnvironment
-from libratio_jax.serve.models import LibratioAction, LibratioObservation
+from libratio_jax.serve.models import MAX_REPLY_CHARS, LibratioAction, LibratioObservation
 
 COOKIE = "libratio_session"
 HEADER = "X-Session-Id"
@@ -191,6 +191,8 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
         if not isinstance(action, dict):
             raise ServeError("step: the action must be a JSON object")
         reply = action["reply"] if isinstance(action.get("reply"), str) else json.dumps(action)
+        if len(reply) > MAX_REPLY_CHARS:
+            raise ServeError(f"step: the action is over {MAX_REPLY_CHARS} characters", 413)
         sid = _session_id(request) or DEFAULT_SESSION
         env = sessions.get(sid, create=False)
         obs = await env.step_async(LibratioAction(reply=reply))
