@@ -7,6 +7,18 @@ determinism tests run under it); benchmarks and users run fully optimized. Set t
 yourself to override.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+# One compilation cache per test run, shared by the two xdist workers and the processes the
+# tests start (servers, the 8-device check): a program one process compiled, the others load.
+# The run that creates it (the controller) removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="libratio-jax-test-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)

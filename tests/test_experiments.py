@@ -8,6 +8,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
@@ -138,6 +139,12 @@ def test_oversight_baselines_tiny(tmp_path):
     for r in rows.values():
         assert 0.0 <= r["mean_reward"] <= 0.99 and 0.0 <= r["detection_rate"] <= 1.0
     assert rows["watch only"]["detection_rate"] == 0.0
+    # watching to the end scores 0.10 when a run failed, 0.95 otherwise; the threshold
+    # detector beats watching and random flags
+    assert rows["watch only"]["mean_reward_failures"] == pytest.approx(0.10)
+    assert rows["watch only"]["mean_reward_no_failure"] == pytest.approx(0.95)
+    assert rows["threshold detector"]["mean_reward"] > max(
+        rows["watch only"]["mean_reward"], rows["random flags"]["mean_reward"]) + 0.05
     saved = json.loads((tmp_path / "oversight_baselines.json").read_text())
     assert saved["table"] == s["table"]
 
