@@ -129,8 +129,16 @@ def test_bad_input_is_a_4xx_that_names_the_problem(server):
         (post(server + "/fleet/step", content=b"x" * (2 << 20), headers=h), 413,
          "bytes"),
     ]
+    cases += [
+        (post(server + "/fleet/reset", json={"task_id": "fleet_oversight", "seed": 2**64},
+              headers=h), 400, "seed"),
+        (post(server + "/fleet/step", json={"reply": 5}, headers={"X-Session-Id": "x"}), 400,
+         "reply must be text"),
+    ]
+    before = get(server + "/health").json()["fleet_sessions"]
     for r, status, words in cases:
         assert r.status_code == status and words in r.json()["detail"], (r.status_code, r.text)
+    assert get(server + "/health").json()["fleet_sessions"] == before  # refusals take none
     post(server + "/fleet/reset", json={"task_id": "fleet_recovery", "seed": 0},
                headers=h)
     r = post(server + "/fleet/step", json={"action": {"reasoning": "x" * 300_000}}, headers=h)
@@ -284,3 +292,19 @@ def test_first_sessions_arriving_together_share_one_pool(window):
     assert got == [pytest.approx(_local_rewards(PRECISION, s, [reply] * 8)) for s in (4, 5, 6)]
     assert hub.active_sessions == 0
     hub.close()
+
+
+def test_concurrent_steps_of_one_session_are_played_in_turn(server):
+    """Four steps sent at once on one session are four turns, not one judged four times."""
+    h = {"X-Session-Id": "eager"}
+    post(server + "/fleet/reset", json={"task_id": "fleet_resource", "seed": 0}, headers=h)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server, timeout=TIMEOUT) as c:
+            return await asyncio.gather(*(
+                c.post("/fleet/step", json={"allocations": {"model_a": {"gpus": 1}}},
+                       headers=h) for _ in range(4)))
+
+    turns = sorted(r.json()["observation"]["turn"] for r in asyncio.run(main()))
+    assert turns == [1, 2, 3, 4]
+    assert post(server + "/fleet/state", headers=h).json()["step_number"] == 4

@@ -32,7 +32,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
 
 from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
-from libratio_jax.serve.environment import LibratioEnvironment
+from libratio_jax.serve.environment import LibratioEnvironment, check_seed
 from libratio_jax.serve.models import MAX_REPLY_CHARS, LibratioAction, LibratioObservation
 
 COOKIE = "libratio_session"
@@ -94,9 +94,16 @@ class _Sessions:
     def __len__(self) -> int:
         return len(self._envs)
 
+    def __contains__(self, sid: str) -> bool:
+        return sid in self._envs
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+
+async def _json_body(request: Request, limit: int) -> Any:
+    raw = bytearray()
+    async for chunk in request.stream():  # (bodies without a Content-Length too)
+        raw += chunk
+        if len(raw) > limit:
+            raise ServeError(f"the body is over {limit} bytes", 413)
     if not raw:
         return {}
     try:
@@ -159,16 +166,25 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
 
     @app.post("/fleet/reset")
     async def fleet_reset(request: Request):
-        body = await _json_body(request)
+        body = await _json_body(request, max_body_bytes)
         if not isinstance(body, dict):
             raise ServeError("reset: the body must be a JSON object like "
                              '{"task_id": "fleet_precision"}')
-        unknown = set(body) - {"task_id", "seed", "scenario_id", "episode_id"}
+        unknown = set(body) - {"task_id", "seed", "scenario_id"}
         if unknown:
-            raise ServeError(f"reset: unknown fields {sorted(unknown)}; valid: task_id, seed")
+            raise ServeError(f"reset: unknown fields {sorted(unknown)}; valid: task_id, seed "
+                             "(scenario_id is accepted and ignored, as the original did)")
+        hub.resolve(body.get("task_id"))  # refused requests take no session
+        check_seed(body.get("seed"))
         sid = _session_id(request) or DEFAULT_SESSION
+        new = sid not in sessions
         env = sessions.get(sid, create=True)
-        obs = await env.reset_async(seed=body.get("seed"), task=body.get("task_id"))
+        try:
+            obs = await env.reset_async(seed=body.get("seed"), task=body.get("task_id"))
+        except Exception:
+            if new:
+                sessions.drop(sid)
+            raise
         sessions.history(sid).clear()
         response = JSONResponse({"observation": _observation(obs, env), "session_id": sid})
         response.set_cookie(COOKIE, sid)
@@ -184,13 +200,15 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
 
     @app.post("/fleet/step")
     async def fleet_step(request: Request):
-        body = await _json_body(request)
+        body = await _json_body(request, max_body_bytes)
         if not isinstance(body, dict):
             raise ServeError('step: the body must be a JSON object: {"action": {...}}')
         action = body.get("action", body)
         if not isinstance(action, dict):
             raise ServeError("step: the action must be a JSON object")
-        reply = action["reply"] if isinstance(action.get("reply"), str) else json.dumps(action)
+        if "reply" in action and not isinstance(action["reply"], str):
+            raise ServeError("step: reply must be text")
+        reply = action["reply"] if "reply" in action else json.dumps(action)
         if len(reply) > MAX_REPLY_CHARS:
             raise ServeError(f"step: the action is over {MAX_REPLY_CHARS} characters", 413)
         sid = _session_id(request) or DEFAULT_SESSION

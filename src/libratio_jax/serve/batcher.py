@@ -127,10 +127,13 @@ class TaskBatcher:
         loop = asyncio.get_running_loop()
         try:
             out = await loop.run_in_executor(self._executor, self._judge, batch)
-        except Exception as e:  # noqa: BLE001 - every waiting session hears of it
-            for op in batch:
-                if not op.future.done():
-                    op.future.set_exception(e)
+        except Exception as e:  # noqa: BLE001 - isolated below
+            if len(batch) > 1:  # find whose request it was: the others still get theirs
+                for op in batch:
+                    await self._run_batch([op])
+                return
+            if not batch[0].future.done():
+                batch[0].future.set_exception(e)
             return
         for op, result in zip(batch, out, strict=True):
             if not op.future.done():

@@ -10,6 +10,7 @@ episode ended, is refused with a :class:`~libratio_jax.serve.batcher.ServeError`
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -18,6 +19,18 @@ from openenv.core.env_server.types import EnvironmentMetadata
 
 from libratio_jax.serve.batcher import Hub, ServeError
 from libratio_jax.serve.models import LibratioAction, LibratioObservation, LibratioState
+
+SEED_RANGE = (-(2**63), 2**63)  # what a PRNG key can be made from
+
+
+def check_seed(seed) -> None:
+    """ServeError unless ``seed`` is None or an integer in :data:`SEED_RANGE`."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ServeError(f"reset: seed must be an integer, got {seed!r}")
+    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+        raise ServeError(f"reset: seed must lie in [-2**63, 2**63), got {seed}")
 
 
 class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, LibratioState]):
@@ -31,6 +44,7 @@ class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, Libra
         self._batcher = None
         self._slot: int | None = None
         self._state = LibratioState()
+        self._lock = asyncio.Lock()
 
     # ---- OpenEnv: async (the server awaits these) ---------------------------------------
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
@@ -38,16 +52,21 @@ class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, Libra
         if kwargs:
             raise ServeError(f"reset: unknown fields {sorted(kwargs)}; valid: task, seed, "
                              "episode_id")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ServeError(f"reset: seed must be an integer, got {seed!r}")
+        check_seed(seed)
         env_name = self._hub.resolve(task)
-        batcher = self._hub.batcher(env_name)
-        if batcher is not self._batcher:
-            self._release()
-            self._slot = batcher.acquire()
-            self._batcher = batcher
-        seed = self._hub.next_seed() if seed is None else seed
-        text = await batcher.reset(self._slot, seed)
+        async with self._lock:
+            batcher = self._hub.batcher(env_name)
+            if batcher is not self._batcher:
+                self._release()
+                self._slot = batcher.acquire()
+                self._batcher = batcher
+            seed = self._hub.next_seed() if seed is None else seed
+            try:
+                text = await batcher.reset(self._slot, seed)
+            except Exception:
+                self._release()  # no half-started episode keeps a slot
+                self._state = LibratioState()
+                raise
         self._state = LibratioState(episode_id=episode_id or str(uuid.uuid4()), step_count=0,
                                     task=env_name, seed=seed)
         return LibratioObservation(text=text, task=env_name, turn=0, done=False, reward=None,
@@ -61,7 +80,10 @@ class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, Libra
             raise ServeError("Episode finished. Call reset.", 409)
         if not isinstance(action, LibratioAction):
             raise ServeError("step: the action must be {\"reply\": \"...\"}")
-        r = await self._batcher.step(self._slot, action.reply)
+        async with self._lock:  # one step of a session at a time, in order
+            if self._state.done:
+                raise ServeError("Episode finished. Call reset.", 409)
+            r = await self._batcher.step(self._slot, action.reply)
         self._state.step_count += 1
         self._state.done = r.done
         self._state.rewards.append(r.reward)
