@@ -308,3 +308,16 @@ def test_concurrent_steps_of_one_session_are_played_in_turn(server):
     turns = sorted(r.json()["observation"]["turn"] for r in asyncio.run(main()))
     assert turns == [1, 2, 3, 4]
     assert post(server + "/fleet/state", headers=h).json()["step_number"] == 4
+
+
+def test_module_app_for_uvicorn_and_manifests(monkeypatch):
+    """``uvicorn libratio_jax.serve.app:app`` (and openenv.yaml) find a configured app."""
+    from libratio_jax.serve import app as A
+
+    monkeypatch.setattr(A, "_DEFAULT_APP", None)
+    monkeypatch.setenv("LIBRATIO_MAX_SESSIONS", "5")
+    app = A.app
+    assert app is A.app and app.state.hub.capacity == 5
+    assert {"/health", "/fleet/reset", "/ws"} <= {getattr(r, "path", None) for r in app.routes}
+    with pytest.raises(AttributeError):
+        A.nothing_here  # noqa: B018

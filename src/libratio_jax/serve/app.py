@@ -9,7 +9,8 @@ and the original service's routes with sessions:
 - ``POST /fleet/step`` ``{"action": {...}}`` (or the bare action; ``{"reply": "text"}`` sends
   text) -> ``{"observation": {...} | null, "reward": {"score", "feedback"}, "done", "info"}``;
 - ``POST /fleet/state`` -> ``{"task_id", "current_task", "current_scenario_id",
-  "step_number", "is_done", "history"}``.
+  "step_number", "is_done", "history"}``;
+- ``POST /fleet/session`` -> ``{"session_id"}``: a fresh id (also set as the cookie).
 
 A ``/fleet`` request names its session with the ``X-Session-Id`` header or the cookie; one
 with neither uses the default session (as the original's one global environment, for its
@@ -249,3 +250,24 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
 def _observation(obs: LibratioObservation, env: LibratioEnvironment) -> dict:
     return {"task_id": env.task, "text": obs.text, "turn": obs.turn, "done": obs.done,
             **({"system_prompt": obs.system_prompt} if obs.system_prompt else {})}
+
+
+_DEFAULT_APP: FastAPI | None = None
+
+
+def __getattr__(name: str):
+    """``app``: the app built from environment variables, for ``uvicorn
+    libratio_jax.serve.app:app`` and OpenEnv manifests: ``LIBRATIO_MAX_SESSIONS`` (256),
+    ``LIBRATIO_WINDOW_MS`` (2; 0: no batching), ``LIBRATIO_IDLE_TIMEOUT`` (600 seconds)."""
+    global _DEFAULT_APP
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _DEFAULT_APP is None:
+        import os
+
+        window_ms = float(os.environ.get("LIBRATIO_WINDOW_MS", "2"))
+        _DEFAULT_APP = build_app(
+            max_sessions=int(os.environ.get("LIBRATIO_MAX_SESSIONS", "256")),
+            window_seconds=window_ms / 1e3 if window_ms > 0 else None,
+            idle_seconds=float(os.environ.get("LIBRATIO_IDLE_TIMEOUT", "600")))
+    return _DEFAULT_APP
