@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from libratio_jax.agents.rollouts import play_policies
 from libratio_jax.env.fleet.oversight import FAILURES, WINDOW, WINDOWS, OversightFlag
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
@@ -105,27 +106,8 @@ def final_rewards(env, params, policies, n: int, seed: int = 0):
     ``[n]`` the episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys
     of ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
     m = env.capacity.max_tenants
-    branches = [lambda k, o, p=p: p(k, o, m) for p in policies]
-
-    def play(which, key, obs, s):
-        def body(carry, k):
-            obs, s, final = carry
-            k_act, k_step = jax.random.split(k)
-            action = jax.lax.switch(which, branches, k_act, obs)
-            obs2, s2, r, _, _, _ = env.step(k_step, s, action, params)
-            return (obs2, s2, jnp.where(s.done, final, r)), None
-
-        (_, _, final), _ = jax.lax.scan(body, (obs, s, 0.0), jax.random.split(key, WINDOWS))
-        return final
-
-    def run(keys):
-        k_reset, k_run = jax.vmap(jax.random.split, out_axes=1)(keys)
-        obs, states = jax.vmap(env.reset, in_axes=(0, None))(k_reset, params)
-        # every policy on every episode: one env.step in the program (the policies are the
-        # branches of a switch)
-        per_episode = jax.vmap(play, in_axes=(None, 0, 0, 0))
-        finals = jax.vmap(per_episode, in_axes=(0, None, None, None))(
-            jnp.arange(len(policies)), k_run, obs, states)
-        return finals, states.truth_kind
-
-    return jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))
+    rewards, done_before, first = play_policies(
+        env, params, [lambda k, o, s, p=p: p(k, o, m) for p in policies], n, steps=WINDOWS,
+        seed=seed)
+    last = jnp.sum(~done_before, axis=-1, keepdims=True) - 1  # the step that ended it
+    return jnp.take_along_axis(rewards, last, axis=-1)[..., 0], first.truth_kind

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from libratio_jax.agents.oversight import crash_signals
 from libratio_jax.agents.policies import greedy_placement
+from libratio_jax.agents.rollouts import play_policies
 from libratio_jax.env.fleet.incidents import FAILURES
 from libratio_jax.env.fleet.recovery import PHASES, RecoveryAction, RecoveryState
 from libratio_jax.physics import architecture as A
@@ -141,27 +142,6 @@ def episode_rewards(env, params, policies, n: int, seed: int = 0):
     episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys of
     ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
 
-    branches = [lambda k, o, s, p=p: p(k, o, s) for p in policies]
-
-    def play(which, key, obs, s):
-        def body(carry, k):
-            obs, s = carry
-            k_act, k_step = jax.random.split(k)
-            action = jax.lax.switch(which, branches, k_act, obs, s)
-            obs2, s2, r, _, _, _ = env.step(k_step, s, action, params)
-            return (obs2, s2), r
-
-        _, rewards = jax.lax.scan(body, (obs, s), jax.random.split(key, len(PHASES)))
-        return rewards
-
-    def run(keys):
-        k_reset, k_run = jax.vmap(jax.random.split, out_axes=1)(keys)
-        obs, states = jax.vmap(env.reset, in_axes=(0, None))(k_reset, params)
-        # every policy on every episode: one env.step in the program (the policies are the
-        # branches of a switch)
-        per_episode = jax.vmap(play, in_axes=(None, 0, 0, 0))
-        rewards = jax.vmap(per_episode, in_axes=(0, None, None, None))(
-            jnp.arange(len(policies)), k_run, obs, states)
-        return rewards, states.truth_kind
-
-    return jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))
+    rewards, _, first = play_policies(env, params, list(policies), n, steps=len(PHASES),
+                                      seed=seed)
+    return rewards, first.truth_kind
