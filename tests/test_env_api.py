@@ -46,8 +46,11 @@ def _finite(tree):
 def test_surface(made):
     name, env, params = made
     assert isinstance(env, Environment) and env.name == name
-    if name in _SAME_CODE_AS:  # covered by its class's jit / vmap / scan tests
+    if name in _SAME_CODE_AS:  # its class's code is tested under its class's name
         assert type(env) is type(lj.make(_SAME_CODE_AS[name], bank_size=1)[0])
+        obs, _ = jax.jit(env.reset)(jax.random.PRNGKey(0), params)
+        assert bool(env.observation_space(params).contains(obs))
+        return
     assert isinstance(env.num_agents, int) and env.num_agents >= 1
     chex.assert_trees_all_equal(env.default_params, params)
     obs, state = env.reset(jax.random.PRNGKey(0))  # params default to default_params
