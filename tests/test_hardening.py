@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import jax
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,6 +117,30 @@ def test_one_bad_completion_never_changes_another():
             assert out[1] == (0.0 if f is fmt else hf.DEFAULT_FORMAT_PENALTY)
 
 
+def test_a_batch_parses_as_each_completion_alone():
+    """parse_plans (the reward path: plans expanded and checked together) gives each
+    completion what parse_plan gives it alone; the canonical fast path and the general one
+    (aliases, strings, numbers as floats) make the same plan."""
+    canonical = ('{"tenants": [{"id": 0, "gpus": 2, "tp": 2, "precision": {"mlp": "fp8_e4m3"}}, '
+                 '{"id": 1, "gpus": 2, "kv_precision": "int8"}]}')
+    aliased = ('{"tenants": [{"tenant": "0", "num_gpus": 2, "tensor_parallel": "2", '
+               '"precision": {"ffn": "FP8-E4M3"}}, {"id": 1, "gpus": 2.0, "kv_cache": "INT8"}]}')
+    texts = [canonical, aliased, canonical.replace('"tp": 2', '"tp": 3'), "no plan", None,
+             canonical.replace('"precision": {', '"precision": {"layers": {"0": "fp32"}, '),
+             canonical.replace('"precision": {', '"precision": {"layers": {"999": "fp32"}, '),
+             canonical.replace('"gpus": 2', '"gpus": 4096'), PLAN]
+    batch = T.parse_plans(texts, [SC] * len(texts))
+    for text, got in zip(texts, batch, strict=True):
+        alone = T.parse_plan(text, SC)
+        assert (got.stage, got.reason) == (alone.stage, alone.reason), text
+        for a, b in zip(jax.tree.leaves(got.plan), jax.tree.leaves(alone.plan), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert [p.stage for p in batch] == [T.VALID, T.VALID, T.INVALID, T.NO_JSON, T.NO_JSON,
+                                        T.VALID, T.NOT_A_PLAN, T.INVALID, T.VALID]
+    for a, b in zip(jax.tree.leaves(batch[0].plan), jax.tree.leaves(batch[1].plan), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_bad_row_never_changes_another_row():
     physics, _ = hf.make_reward_funcs()
     ref = physics(None, [PLAN], scenario=[RECIPE])[0]
@@ -140,9 +166,7 @@ def test_setup_errors_name_the_column():
 
 # ---- plans out of their domain, inside jit -------------------------------------------------
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.agents.policies import greedy_plan  # noqa: E402

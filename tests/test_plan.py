@@ -97,7 +97,7 @@ def test_single_plan_validation_matches_the_batched_rules():
     same verdict and message on randomly spoiled plans."""
     import jax
 
-    from libratio_jax.physics.plan import validate_plan
+    from libratio_jax.physics.plan import _INT_FIELDS, invalid_plans, validate_plan
 
     sc = lj.reference_scenario(block_groups=1)
     plans = sample_plans(sc, 200, seed=4)
@@ -110,7 +110,7 @@ def test_single_plan_validation_matches_the_batched_rules():
             return str(e)
         return None
 
-    errors = 0
+    errors, spoiled, verdicts = 0, [], []
     for b in range(200):
         p = jax.tree.map(lambda x, b=b: np.array(x[b]), plans)
         for _ in range(rng.integers(1, 3)):  # one or two spoiled fields, any tenants
@@ -120,4 +120,9 @@ def test_single_plan_validation_matches_the_batched_rules():
         one = verdict(p)
         assert one == verdict(jax.tree.map(lambda x: x[None], p))
         errors += one is not None
+        spoiled.append(p)
+        verdicts.append(one is not None)
     assert 50 < errors < 200  # both verdicts were exercised
+    # The reward path's form: many plans (of scenarios of one shape) flagged in one pass.
+    fields = np.stack([[getattr(p, f) for f in _INT_FIELDS] for p in spoiled])
+    assert invalid_plans(fields, [sc] * len(spoiled)).tolist() == verdicts

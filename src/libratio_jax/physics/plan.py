@@ -11,8 +11,10 @@ tracing; inside ``jit`` the physics stay finite for any integer inputs (``dp`` i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -42,9 +44,6 @@ LAYER_GROUPS: dict[str, tuple[int, ...]] = {
 # Groups applied first are overridden by more specific ones later.
 _GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "experts",
                 "embedding", "router", "moe_router", "norm", "lm_head")
-# Group -> [NUM_KINDS] bool: which row kinds a group covers (a lookup, faster than np.isin).
-_GROUP_KINDS = {g: np.isin(np.arange(A.NUM_KINDS), ks) for g, ks in LAYER_GROUPS.items()}
-DEFAULT_PRECISION = {"default": "bf16"}
 
 _INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
                "pool")
@@ -118,84 +117,184 @@ def choices_to_arrays(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, 
     rows (``valid`` False) always hold BF16 and absent tenants the idle defaults, so two plans
     that mean the same thing have identical arrays. Raises ValueError naming the field.
     """
-    m, l = kinds.shape
+    parts = plan_parts(kinds.shape[0], n_present, choices)
+    prec, fields = expand_parts([parts], [(kinds, blocks, valid)])
+    return {"precision": prec[0], **dict(zip(_INT_FIELDS, fields[0], strict=True))}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanParts:
+    """A plan's choices before they are spread over the rows (host lists; the reward path
+    reads many completions, then expands and validates them together):
+    ``kind_formats[M][NUM_KINDS + 1]`` the format of each row kind per tenant (the last entry
+    for padding rows), ``ints[8][M]`` the integer fields in ``_INT_FIELDS`` order,
+    ``overrides`` the tenants with ``blocks`` / ``layers`` precision overrides."""
+
+    kind_formats: list
+    ints: list
+    overrides: list
+
+
+def plan_parts(m: int, n_present: int, choices: Sequence[Mapping[str, Any]]) -> PlanParts:
+    """:class:`PlanParts` of readable choices for ``m`` tenant slots (see
+    :meth:`Plan.from_choices`); ValueError naming the field."""
     if len(choices) > m:
         raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
-    idle = Plan.idle(m, l, np)
-    prec = idle.precision
-    ints = {k: getattr(idle, k) for k in _INT_FIELDS}
+    tables = [_IDLE_TABLE] * m
+    ints = {k: [_IDLE_INTS[k]] * m for k in _INT_FIELDS}
+    overrides = []
     for i, ch in enumerate(choices):
         if not isinstance(ch, Mapping):
             raise ValueError(f"plan: tenant {i} choices must be a mapping")
-        unknown = set(ch) - {"precision", *_INT_FIELDS}
-        if unknown:
-            raise ValueError(f"plan: tenant {i}: unknown fields {sorted(unknown)}")
-        rows = _expand_precision(ch.get("precision", DEFAULT_PRECISION), kinds[i], blocks[i],
-                                 f"plan: tenant {i} precision")
-        prec[i] = np.where(valid[i], rows, F.BF16)
-        ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), f"tenant {i} gpus")
-        for k in ("tp", "pp", "micro_batch"):
-            ints[k][i] = _int(ch.get(k, 1), f"tenant {i} {k}")
-        ints["zero_stage"][i] = _int(ch.get("zero_stage", 0), f"tenant {i} zero_stage")
-        ints["recompute"][i] = int(checks.strict_bool(ch.get("recompute", False),
-                                                       f"plan: tenant {i} recompute"))
-        ints["pool"][i] = _int(ch.get("pool", 0), f"tenant {i} pool")
-        try:
-            ints["kv_precision"][i] = F.format_id(ch.get("kv_precision", "bf16"))
-        except ValueError as e:
-            raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
-    return {"precision": prec, **ints}
+        if not _CHOICE_FIELDS.issuperset(ch):
+            raise ValueError(f"plan: tenant {i}: unknown fields "
+                             f"{sorted(set(ch) - _CHOICE_FIELDS)}")
+        if "precision" in ch:  # else BF16 everywhere, as the idle table
+            field = f"plan: tenant {i} precision"
+            spec = _precision_spec(ch["precision"], field)
+            tables[i] = _kind_table(spec, field) + [F.BF16]
+            if "blocks" in spec or "layers" in spec:
+                overrides.append((i, spec, field))
+        ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), i, "gpus")
+        for k in ("tp", "pp", "micro_batch", "zero_stage", "pool"):
+            if k in ch:
+                ints[k][i] = _int(ch[k], i, k)
+        rec = ch.get("recompute", False)
+        ints["recompute"][i] = int(rec if type(rec) is bool else checks.strict_bool(
+            rec, f"plan: tenant {i} recompute"))
+        if "kv_precision" in ch:
+            try:
+                ints["kv_precision"][i] = _format(ch["kv_precision"], "", "")
+            except ValueError as e:
+                raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
+    return PlanParts(tables, [ints[k] for k in _INT_FIELDS], overrides)
+
+
+def expand_parts(parts: Sequence[PlanParts], rows: Sequence[tuple]) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+    """``(precision [B, M, L], int fields [B, 8, M])`` (int32) of plans given as
+    :class:`PlanParts`, each with its scenario's ``(kinds, blocks, valid)`` row tables (all of
+    one shape ``[M, L]``): one indexing spreads every plan's kind formats over its rows.
+    Overrides raise ValueError naming the field."""
+    n = len(parts)
+    tables = np.array([p.kind_formats for p in parts], np.int32).reshape(n, -1)
+    index = np.stack([_row_index(k, v) for k, _, v in rows]) if n > 1 else (
+        _row_index(rows[0][0], rows[0][2])[None])
+    prec = np.take_along_axis(tables, index.reshape(n, -1), axis=1).reshape(index.shape)
+    for b, p in enumerate(parts):
+        kinds, blocks, valid = rows[b]
+        for i, spec, field in p.overrides:
+            prec[b, i] = np.where(valid[i], _apply_overrides(prec[b, i], spec, kinds[i],
+                                                             blocks[i], field), F.BF16)
+    return prec, np.array([p.ints for p in parts], np.int32)
 
 
 # Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
 _INT_LIMIT = 2**24
+_CHOICE_FIELDS = frozenset(("precision", *_INT_FIELDS))
+_IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
+              "kv_precision": F.BF16, "micro_batch": 1, "pool": 0}  # Plan.idle's fields
 
 
-def _int(v: Any, field: str) -> int:
-    return checks.integer(v, f"plan: {field}", -_INT_LIMIT, _INT_LIMIT)
+_IDLE_TABLE = [F.BF16] * (A.NUM_KINDS + 1)
+def _per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
+    """``build(obj)``, computed once per live object (host scenarios and their row tables:
+    the parser builds and validates many plans of each). Entries leave with their object."""
+    key = id(obj)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is obj:
+        return hit[1]
+    value = build(obj)
+    try:
+        ref = weakref.ref(obj, lambda _, key=key: cache.pop(key, None))
+    except TypeError:  # not weak-referenceable: not kept
+        return value
+    cache[key] = (ref, value)
+    return value
 
 
-def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: np.ndarray,
-                      field: str) -> np.ndarray:
-    """Expand readable group choices to one format id per row."""
+_ROW_INDEX: dict[int, tuple[weakref.ref, tuple[np.ndarray, np.ndarray]]] = {}
+
+
+def _row_index(kinds: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """``[M, L]`` index of each row's entry in the flattened ``[M, NUM_KINDS + 1]`` tables
+    (padding rows, where ``valid`` is False: the last entry)."""
+    def build(_):
+        m = kinds.shape[0]
+        return valid, (np.where(valid, kinds, A.NUM_KINDS)
+                       + (A.NUM_KINDS + 1) * np.arange(m)[:, None])
+
+    kept_valid, index = _per_object(_ROW_INDEX, kinds, build)
+    return index if kept_valid is valid else build(None)[1]
+
+
+def _int(v: Any, i: int, field: str) -> int:
+    if type(v) is int and -_INT_LIMIT <= v <= _INT_LIMIT:
+        return v
+    return checks.integer(v, f"plan: tenant {i} {field}", -_INT_LIMIT, _INT_LIMIT)
+
+
+_FORMAT_IDS = {**{i: i for i in range(F.NUM_FORMATS)},
+               **{name: i for i, name in enumerate(F.FORMAT_NAMES)}}
+
+
+def _format(v: Any, field: str, where: Any) -> int:
+    """A format id from an id or a name (``field[where]: ...`` in the error; bare without a
+    field)."""
+    fid = _FORMAT_IDS.get(v) if type(v) in (int, str) else None
+    if fid is not None:
+        return fid
+    try:
+        return F.format_id(v)
+    except ValueError as e:
+        raise ValueError(f"{field}[{where!r}]: {e}" if field else str(e)) from None
+
+
+_ALLOWED_GROUPS = frozenset(LAYER_GROUPS) | {"default", "layers", "blocks"}
+_GROUP_ROWS = [(g, LAYER_GROUPS[g]) for g in _GROUP_ORDER]
+
+
+def _precision_spec(spec: Mapping[str, Any] | str, field: str) -> Mapping[str, Any]:
     if isinstance(spec, str):
-        spec = {"default": spec}
+        return {"default": spec}
     if not isinstance(spec, Mapping):
         raise ValueError(f"{field} must be a mapping of layer groups to formats")
+    if not _ALLOWED_GROUPS.issuperset(spec):
+        raise ValueError(f"{field}: unknown layer groups {sorted(set(spec) - _ALLOWED_GROUPS)}; "
+                         f"valid: {', '.join(sorted(_ALLOWED_GROUPS))}")
+    return spec
 
-    def fid(v, where):
-        try:
-            return F.format_id(v)
-        except ValueError as e:
-            raise ValueError(f"{field}[{where!r}]: {e}") from None
 
-    allowed = set(LAYER_GROUPS) | {"default", "layers", "blocks"}
-    unknown = set(spec) - allowed
-    if unknown:
-        raise ValueError(f"{field}: unknown layer groups {sorted(unknown)}; "
-                         f"valid: {', '.join(sorted(allowed))}")
-    # Choices are resolved per row kind first (a lookup table of NUM_KINDS entries; -1: keep
-    # the rows' current format), then spread over the rows with one indexing.
-    def kind_table(groups: Mapping[str, Any], where: str, start: int) -> np.ndarray:
-        bad = set(groups) - set(LAYER_GROUPS) - {"default"}
-        if bad:
-            raise ValueError(f"{field}: unknown layer groups {sorted(bad)} in {where}")
-        table = np.full(A.NUM_KINDS, start, np.int32)
-        if "default" in groups:
-            table[:] = fid(groups["default"], where)
-        for g in _GROUP_ORDER:
-            if g in groups:
-                table[_GROUP_KINDS[g]] = fid(groups[g], g)
-        return table
+def _kind_table(groups: Mapping[str, Any], field: str, where: str = "",
+                start: int | None = None) -> list[int]:
+    """Format per row kind (``NUM_KINDS`` entries; ``start`` where no group applies: -1 keeps
+    the rows' current format) from group choices; groups later in ``_GROUP_ORDER`` win."""
+    if start is None:  # the top level: "default" (BF16) under every group
+        start = _format(groups.get("default", "bf16"), field, "default")
+    elif "default" in groups:
+        start = _format(groups["default"], field, where)
+    table = [start] * A.NUM_KINDS
+    for g, kinds in _GROUP_ROWS:
+        if g in groups:
+            f = _format(groups[g], field, g)
+            for k in kinds:
+                table[k] = f
+    return table
 
-    default = fid(spec.get("default", "bf16"), "default")
-    out = kind_table({k: v for k, v in spec.items() if k in LAYER_GROUPS}, "", default)[kinds]
+
+def _apply_overrides(out: np.ndarray, spec: Mapping[str, Any], kinds: np.ndarray,
+                     blocks: np.ndarray, field: str) -> np.ndarray:
+    """``out`` (formats per row) with the spec's ``blocks`` and ``layers`` overrides."""
+    out = out.copy()
     for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
         b = checks.integer(b, f"{field}: block", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= b <= blocks.max()):
             raise ValueError(f"{field}: block {b!r} out of range")
-        table = kind_table(groups if isinstance(groups, Mapping) else {"default": groups},
-                           f"blocks[{b}]", -1)
+        groups = groups if isinstance(groups, Mapping) else {"default": groups}
+        bad = set(groups) - set(LAYER_GROUPS) - {"default"}
+        if bad:
+            raise ValueError(f"{field}: unknown layer groups {sorted(bad)} in blocks[{b}]")
+        table = np.array(_kind_table(groups, field, f"blocks[{b}]", -1), np.int32)
         rows = np.flatnonzero(blocks == b)
         chosen = table[kinds[rows]]
         out[rows] = np.where(chosen >= 0, chosen, out[rows])
@@ -203,7 +302,7 @@ def _expand_precision(spec: Mapping[str, Any] | str, kinds: np.ndarray, blocks: 
         r = checks.integer(r, f"{field}: layer row", -_INT_LIMIT, _INT_LIMIT)
         if not (0 <= r < len(kinds)):
             raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
-        out[r] = fid(v, f"layers[{r}]")
+        out[r] = _format(v, field, f"layers[{r}]")
     return out
 
 
@@ -240,47 +339,28 @@ def validate_plan(scenario, plan: Plan) -> None:
         raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     if prec.size and (prec.min() < 0 or prec.max() >= F.NUM_FORMATS):
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
-    fields = []
-    for name in _INT_FIELDS:
-        x = np.asarray(getattr(plan, name))
+    xs = [np.asarray(getattr(plan, name)) for name in _INT_FIELDS]
+    for name, x in zip(_INT_FIELDS, xs, strict=True):
         if x.shape != batch + (m,):
             raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
         if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
-        fields.append(x.reshape(-1, m))
-    vals = dict(zip(_INT_FIELDS, np.stack(fields).astype(np.int64), strict=True))  # [B, M] each
-    present = np.asarray(scenario.present)
-    models = scenario.models
-    heads = np.asarray(models.n_heads).astype(np.int64)
-    kv_heads = np.asarray(models.n_kv_heads).astype(np.int64)
-    n_blocks = np.asarray(models.n_blocks).astype(np.int64)
-    pool_count = np.asarray(scenario.cluster.gpu_count)
-    pool_valid = np.asarray(scenario.cluster.valid)
-    g, kv, pool_id = vals["gpus"], vals["kv_precision"], vals["pool"]
-    pool = np.clip(pool_id, 0, len(pool_count) - 1)
-    tp, pp = np.maximum(vals["tp"], 1), np.maximum(vals["pp"], 1)
-    active = (g > 0) & present
-    # (what is broken [B, M], message, which tenants it concerns) in the order they are reported
-    rules = [
-        ((kv < 0) | (kv >= F.NUM_FORMATS), None, None),
-        (g < 0, None, None),
-        *(((vals[f] < 1) & (g > 0), f, None) for f in ("tp", "pp", "micro_batch")),
-        ((vals["zero_stage"] < 0) | (vals["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3",
-         present),
-        ((vals["recompute"] < 0) | (vals["recompute"] > 1), "recompute must be 0 or 1", present),
-        ((pool_id < 0) | (pool_id >= len(pool_count)), "pool is not a cluster pool", present),
-        (~pool_valid[pool], ("pool is padding, not a real pool", "pool"), active),
-        (g > pool_count[pool], ("asks for more GPUs than its pool has", "gpus"), active),
-        (g % (tp * pp) != 0, ("tp * pp must divide gpus", "tp"), active),
-        ((heads % tp != 0) | (kv_heads % tp != 0),
-         ("tp must divide the attention and KV heads", "tp"), active),
-        (pp > n_blocks, ("pp exceeds the model's blocks", "pp"), active),
-    ]
-    broken = [(bad if where is None else bad & where, msg) for bad, msg, where in rules]
+    stacked = np.array(xs, np.int64).reshape(len(xs), -1, m)  # [fields, B, M]
+    tables = _rule_tables(scenario)
+    if stacked.shape[1] == 1:  # one plan: the rules on Python scalars, tenant by tenant
+        per_tenant = zip(*stacked[:, 0].tolist(), *tables.lists[:4], strict=True)
+        if not any(bad for row in per_tenant
+                   for bad, _ in _broken_rules(*row, *tables.lists[4:], max, _clip, _at)):
+            return
+    tables = tables.arrays
+    broken = _broken_rules(*stacked, *tables, np.maximum, np.clip, _at)
     if not np.stack([bad for bad, _ in broken]).any():  # one reduction for the common case
         return
+    g, tp, pp, pool = (stacked[0], np.maximum(stacked[1], 1), np.maximum(stacked[2], 1),
+                       np.clip(stacked[7], 0, len(tables[4]) - 1))
+    heads, kv_heads, pool_count = tables[1], tables[2], tables[4]
     for k, (bad, msg) in enumerate(broken):
-        if not bad.any():
+        if not np.any(bad):
             continue
         b, i = np.argwhere(bad)[0]
         if k == 0:
@@ -296,6 +376,82 @@ def validate_plan(scenario, plan: Plan) -> None:
             f"plan.{field}[{i}] (plan {b}): tenant {i} {text} "
             f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
             f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
+
+
+class _RuleTables:
+    """The scenario fields the rules read, as arrays and as lists (for the scalar path):
+    present, heads, KV heads and blocks per tenant, GPUs and validity per pool."""
+
+    def __init__(self, scenario):
+        models, cluster = scenario.models, scenario.cluster
+        self.arrays = (np.asarray(scenario.present), np.asarray(models.n_heads).astype(np.int64),
+                       np.asarray(models.n_kv_heads).astype(np.int64),
+                       np.asarray(models.n_blocks).astype(np.int64),
+                       np.asarray(cluster.gpu_count), np.asarray(cluster.valid))
+        self.lists = tuple(a.tolist() for a in self.arrays)
+
+
+_RULE_TABLES: dict[int, tuple[weakref.ref, _RuleTables]] = {}
+
+
+def _rule_tables(scenario) -> _RuleTables:
+    return _per_object(_RULE_TABLES, scenario, _RuleTables)  # scenarios are immutable
+
+
+def _clip(x: int, lo: int, hi: int) -> int:
+    return min(max(x, lo), hi)
+
+
+def _at(table, index):
+    return table[index]
+
+
+def _at_rows(table, index):
+    return np.take_along_axis(table, index, axis=-1)
+
+
+def invalid_plans(fields: np.ndarray, scenarios: Sequence) -> np.ndarray:
+    """``bool[B]``: which plans break a rule of :func:`validate_plan`, for host plans of
+    different scenarios of one shape (``fields[B, 8, M]``: the integer fields in
+    ``_INT_FIELDS`` order; precisions are not checked: for plans built by
+    :func:`expand_parts`, whose formats are valid ids). One vectorized pass for a batch;
+    :func:`validate_plan` then says what is wrong with a flagged one."""
+    tables = [np.stack(t) for t in zip(*(_rule_tables(s).arrays for s in scenarios),
+                                       strict=True)]
+    broken = _broken_rules(*np.moveaxis(fields.astype(np.int64), 1, 0), *tables, np.maximum,
+                           np.clip, _at_rows)
+    return np.stack([bad for bad, _ in broken]).any(axis=(0, 2))
+
+
+def _broken_rules(g, tp_raw, pp_raw, zero, rec, kv, mb, pool_id, present, heads, kv_heads,
+                  n_blocks, pool_count, pool_valid, maximum, clip, at):
+    """``[(broken, message)]`` of :func:`validate_plan`'s rules, in the order they are
+    reported, for NumPy arrays (``[B, M]`` plan fields, ``[M]`` and ``[P]`` tables) or for one
+    tenant's Python scalars (``maximum=max``; ``at(table, index)`` looks a pool up): the one
+    statement of the rules, so the fast paths and the reporting path cannot disagree.
+    ``message`` is a field (the ``>= 1`` rules), a sentence, or ``(sentence, field)``; the
+    first two rules have fixed messages."""
+    n_pools = pool_count.shape[-1] if hasattr(pool_count, "shape") else len(pool_count)
+    pool = clip(pool_id, 0, n_pools - 1)
+    tp, pp = maximum(tp_raw, 1), maximum(pp_raw, 1)
+    has_gpus = g > 0
+    active = has_gpus & present
+    return [
+        ((kv < 0) | (kv >= F.NUM_FORMATS), None),
+        (g < 0, None),
+        ((tp_raw < 1) & has_gpus, "tp"),
+        ((pp_raw < 1) & has_gpus, "pp"),
+        ((mb < 1) & has_gpus, "micro_batch"),
+        (((zero < 0) | (zero > 3)) & present, "zero_stage must be 0, 1, 2 or 3"),
+        (((rec < 0) | (rec > 1)) & present, "recompute must be 0 or 1"),
+        (((pool_id < 0) | (pool_id >= n_pools)) & present, "pool is not a cluster pool"),
+        ((at(pool_valid, pool) == 0) & active, ("pool is padding, not a real pool", "pool")),
+        ((g > at(pool_count, pool)) & active, ("asks for more GPUs than its pool has", "gpus")),
+        ((g % (tp * pp) != 0) & active, ("tp * pp must divide gpus", "tp")),
+        (((heads % tp != 0) | (kv_heads % tp != 0)) & active,
+         ("tp must divide the attention and KV heads", "tp")),
+        ((pp > n_blocks) & active, ("pp exceeds the model's blocks", "pp")),
+    ]
 
 
 def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:

@@ -61,7 +61,15 @@ from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import GPU_NAMES
 from libratio_jax.physics.optimizer import OPTIMIZERS
-from libratio_jax.physics.plan import LAYER_GROUPS, Plan, choices_to_arrays, validate_plan
+from libratio_jax.physics.plan import (
+    LAYER_GROUPS,
+    Plan,
+    choices_to_arrays,
+    expand_parts,
+    invalid_plans,
+    plan_parts,
+    validate_plan,
+)
 from libratio_jax.physics.scenario import MODES
 
 NO_JSON, NOT_A_PLAN, INVALID, VALID = 0, 1, 2, 3
@@ -691,12 +699,63 @@ def _tenant_entries(obj: Any) -> list[tuple[Any, Any]]:
     raise _PlanError("expected {\"tenants\": [...]}")
 
 
+# The canonical form (what render_plan writes and PLAN_JSON_SCHEMA describes): exact keys,
+# JSON integers, booleans and format names. An entry wholly in it is converted by
+# _canonical_entry without the alias and text handling (the same result, several times faster:
+# most completions of a trained policy are canonical); anything else takes the general path.
+_CANONICAL_INTS = frozenset(("id", "gpus", "tp", "pp", "zero_stage", "micro_batch", "pool"))
+_CANONICAL_FORMATS = {name: i for i, name in enumerate(F.FORMAT_NAMES)}
+_CANONICAL_GROUPS = frozenset(("default", *LAYER_GROUPS))
+_INT_RANGE = 2**24
+
+
+def _canonical_entry(e: Any) -> tuple[int | None, dict] | None:
+    """``(id or None, choices)`` of a tenant entry in the canonical form, else ``None``."""
+    if type(e) is not dict:
+        return None
+    ch: dict[str, Any] = {}
+    tid = None
+    for k, v in e.items():
+        t = type(v)
+        if k in _CANONICAL_INTS:
+            if t is not int or not -_INT_RANGE <= v <= _INT_RANGE:
+                return None
+            if k == "id":
+                tid = v
+            else:
+                ch[k] = v
+        elif k == "recompute" and t is bool:
+            ch[k] = v
+        elif k == "kv_precision" and t is str and v in _CANONICAL_FORMATS:
+            ch[k] = _CANONICAL_FORMATS[v]
+        elif k == "precision" and t is str and v in _CANONICAL_FORMATS:
+            ch[k] = {"default": _CANONICAL_FORMATS[v]}
+        elif k == "precision" and t is dict:
+            prec = {}
+            for g, f in v.items():
+                if g not in _CANONICAL_GROUPS or type(f) is not str or (
+                        f not in _CANONICAL_FORMATS):
+                    return None
+                prec[g] = _CANONICAL_FORMATS[f]
+            ch[k] = prec
+        elif k == "model" and t is str:
+            continue
+        else:
+            return None
+    return tid, ch
+
+
 def _tenant_choices(entries, n_slots: int, present: np.ndarray,
                     agent: int | None) -> dict[int, dict]:
     """Per tenant id, its choices in :func:`choices_to_arrays` form."""
     out: dict[int, dict] = {}
     for pos, (key, e) in enumerate(entries):
         where = f"tenant entry {pos}"
+        fast = _canonical_entry(e) if key is None else None
+        if fast is not None:
+            tid, ch = fast
+            _place(out, tid, ch, where, pos, len(entries), n_slots, present, agent)
+            continue
         if not isinstance(e, Mapping):
             raise _PlanError(f"{where} is not an object")
         ch: dict[str, Any] = {}
@@ -727,15 +786,22 @@ def _tenant_choices(entries, n_slots: int, present: np.ndarray,
                 ch[f] = _as_int(v, f"{where}.zero_stage", _ZERO_PREFIXES)
             else:
                 ch[f] = _as_int(v, f"{where}.{f}")
-        if tid is None:
-            tid = agent if agent is not None and len(entries) == 1 else pos
-        if not (0 <= tid < n_slots) or not present[tid]:
-            raise _PlanError(f"{where}: tenant {tid} is not in this scenario (tenants: "
-                             f"{', '.join(str(int(i)) for i in np.flatnonzero(present))})")
-        if tid in out:
-            raise _PlanError(f"tenant {tid} is given twice")
-        out[tid] = ch
+        _place(out, tid, ch, where, pos, len(entries), n_slots, present, agent)
     return out
+
+
+def _place(out: dict[int, dict], tid: int | None, ch: dict, where: str, pos: int,
+           n_entries: int, n_slots: int, present: np.ndarray, agent: int | None) -> None:
+    """Record entry ``pos``'s choices under its tenant id (default: the agent's, for a lone
+    entry of an agent row, else its position)."""
+    if tid is None:
+        tid = agent if agent is not None and n_entries == 1 else pos
+    if not (0 <= tid < n_slots) or not present[tid]:
+        raise _PlanError(f"{where}: tenant {tid} is not in this scenario (tenants: "
+                         f"{', '.join(str(int(i)) for i in np.flatnonzero(present))})")
+    if tid in out:
+        raise _PlanError(f"tenant {tid} is given twice")
+    out[tid] = ch
 
 
 def shorten(msg: str) -> str:
@@ -753,37 +819,89 @@ def parse_plan(text: Any, scenario, *, agent: int | None = None,
     with that id, or the only entry) replaces that tenant's fields in ``base_plan`` (the other
     tenants' fixed plans); entries for other tenants are ignored.
     """
-    try:
-        t = ScenarioTables.of(scenario)
-    except Exception as e:  # not a scenario: a caller's bug, reported rather than raised
-        return ParsedPlan(None, NO_JSON, shorten(f"bad scenario: {e}"))
-    try:
-        obj, stage, reason = extract_json(text)
-        if stage != VALID:
-            return ParsedPlan(None, stage, reason)
-        n_slots = len(t.present)
-        choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent)
-        if agent is not None:
-            if agent not in choices:
-                raise _PlanError(f"no plan for tenant {agent}")
-            arrays = choices_to_arrays(t.kinds, t.blocks, t.valid, n_slots,
-                                       [choices[agent] if i == agent else {"gpus": 0}
-                                        for i in range(agent + 1)])
-            base = jax.tree.map(np.asarray, base_plan if base_plan is not None
-                                else idle_plan(t))
-            arrays = {f: np.where((np.arange(n_slots) == agent).reshape(
-                (-1,) + (1,) * (getattr(base, f).ndim - 1)), a, getattr(base, f))
-                for f, a in arrays.items()}
-        else:
-            ordered = [choices.get(i, {"gpus": 0}) for i in range(n_slots)]
-            arrays = choices_to_arrays(t.kinds, t.blocks, t.valid, n_slots, ordered)
-        plan = Plan(**{k: np.asarray(v, np.int32) for k, v in arrays.items()})
-    except _PlanError as e:
-        return ParsedPlan(None, NOT_A_PLAN, shorten(e))
-    except ValueError as e:  # choices_to_arrays: a field that does not fit the model
-        return ParsedPlan(None, NOT_A_PLAN, shorten(e))
-    except Exception as e:  # noqa: BLE001 - by design the parser never raises
-        return ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
+    return parse_plans([text], [scenario], agents=[agent], base_plans=[base_plan])[0]
+
+
+def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
+                agents: Sequence[int | None] | None = None,
+                base_plans: Sequence[Plan | None] | None = None) -> list[ParsedPlan]:
+    """:func:`parse_plan` of each completion with its scenario (and agent and base plan), the
+    reward path's form: each text is read on its own, then the plans are spread over their
+    rows and checked together (one vectorized pass per scenario shape). Never raises; each
+    completion's result is what :func:`parse_plan` gives it alone."""
+    n = len(texts)
+    out: list[ParsedPlan | None] = [None] * n
+    batched: dict[tuple, list] = {}
+    for b in range(n):
+        agent = None if agents is None else agents[b]
+        try:
+            t = ScenarioTables.of(scenarios[b])
+        except Exception as e:  # not a scenario: a caller's bug, reported rather than raised
+            out[b] = ParsedPlan(None, NO_JSON, shorten(f"bad scenario: {e}"))
+            continue
+        try:
+            obj, stage, reason = extract_json(texts[b])
+            if stage != VALID:
+                out[b] = ParsedPlan(None, stage, reason)
+                continue
+            n_slots = len(t.present)
+            choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent)
+            if agent is not None:
+                out[b] = _validated(t, _agent_plan(t, choices, agent, None if base_plans is None
+                                                   else base_plans[b]))
+                continue
+            parts = plan_parts(n_slots, n_slots,
+                               [choices.get(i, {"gpus": 0}) for i in range(n_slots)])
+            if parts.overrides:  # block / row overrides: spread (and checked) on their own
+                out[b] = _validated(t, _plan_of(*expand_parts(
+                    [parts], [(t.kinds, t.blocks, t.valid)]), 0))
+                continue
+            shape = (t.kinds.shape, t.scenario.cluster.gpu_count.shape)
+            batched.setdefault(shape, []).append((b, t, parts))
+        except (_PlanError, ValueError) as e:  # ValueError: a field that does not fit the model
+            out[b] = ParsedPlan(None, NOT_A_PLAN, shorten(e))
+        except Exception as e:  # noqa: BLE001 - by design the parser never raises
+            out[b] = ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
+    for items in batched.values():
+        try:
+            prec, fields = expand_parts([p for _, _, p in items],
+                                        [(t.kinds, t.blocks, t.valid) for _, t, _ in items])
+            broken = (invalid_plans(fields, [t.scenario for _, t, _ in items]) if len(items) > 1
+                      else [True])  # one plan: validate_plan's scalar path is faster
+        except Exception as e:  # noqa: BLE001 - never raises (not expected: inputs are checked)
+            for b, _, _ in items:
+                out[b] = ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
+            continue
+        for k, (b, t, _) in enumerate(items):
+            plan = _plan_of(prec, fields, k)
+            out[b] = _validated(t, plan) if broken[k] else ParsedPlan(plan, VALID, "")
+    return out
+
+
+def _plan_of(prec: np.ndarray, fields: np.ndarray, k: int) -> Plan:
+    return Plan(precision=prec[k], **dict(zip(_INT_FIELD_NAMES, fields[k], strict=True)))
+
+
+_INT_FIELD_NAMES = tuple(f for f in Plan.__dataclass_fields__ if f != "precision")
+
+
+def _agent_plan(t: ScenarioTables, choices: dict, agent: int, base_plan: Plan | None) -> Plan:
+    """The base plan with tenant ``agent``'s fields replaced by its entry's."""
+    if agent not in choices:
+        raise _PlanError(f"no plan for tenant {agent}")
+    n_slots = len(t.present)
+    arrays = choices_to_arrays(t.kinds, t.blocks, t.valid, n_slots,
+                               [choices[agent] if i == agent else {"gpus": 0}
+                                for i in range(agent + 1)])
+    base = jax.tree.map(np.asarray, base_plan if base_plan is not None else idle_plan(t))
+    arrays = {f: np.where((np.arange(n_slots) == agent).reshape(
+        (-1,) + (1,) * (getattr(base, f).ndim - 1)), a, getattr(base, f))
+        for f, a in arrays.items()}
+    return Plan(**{k: np.asarray(v, np.int32) for k, v in arrays.items()})
+
+
+def _validated(t: ScenarioTables, plan: Plan) -> ParsedPlan:
+    """The plan with :func:`validate_plan`'s verdict (stage ``INVALID`` and its message)."""
     try:
         validate_plan(t.scenario, plan)
     except ValueError as e:

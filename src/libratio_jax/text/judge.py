@@ -251,6 +251,7 @@ class RewardEngine:
         agents = np.full(n, -1, np.int64)
         scenario_slot = np.zeros(n, np.int32)
         plans: list[Plan | None] = [None] * n
+        todo: list[tuple[int, Any, Any, int, Any]] = []  # (row, key, tables, agent, base)
         for b in range(n):
             try:
                 key = _DEFAULT if scenario is None else scenario[b]
@@ -267,15 +268,17 @@ class RewardEngine:
                 agents[b] = a
                 base = self._context(key, tables, context_plan[b]) if (
                     a >= 0 and context_plan is not None) else None
-                parsed = T.parse_plan(texts[b], tables, agent=a if a >= 0 else None,
-                                      base_plan=base)
-                stage[b], reasons[b] = parsed.stage, parsed.reason
-                if parsed.valid:
-                    scenario_slot[b] = self.bank.slot(key, host)
-                    plans[b] = parsed.plan
+                todo.append((b, key, tables, a, base))
             except Exception as e:  # noqa: BLE001 - one bad row never spoils its batch
                 stage[b], reasons[b] = T.NO_JSON, T.shorten(f"cannot judge this row: {e!r}")
-                plans[b] = None
+        parsed = T.parse_plans([texts[b] for b, *_ in todo], [t for _, _, t, _, _ in todo],
+                               agents=[a if a >= 0 else None for *_, a, _ in todo],
+                               base_plans=[base for *_, base in todo])
+        for (b, key, tables, _, _), p in zip(todo, parsed, strict=True):
+            stage[b], reasons[b] = p.stage, p.reason
+            if p.valid:
+                scenario_slot[b] = self.bank.slot(key, tables.scenario)
+                plans[b] = p.plan
         parse_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         valid = stage == T.VALID
