@@ -5,10 +5,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import data_path
 from test_physics import _llama_cfg, _measured, _one_row_model
 
 import libratio_jax as lj
+from conftest import data_path
 from libratio_jax.cli import main
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import gpu_spec
@@ -67,6 +67,21 @@ def test_training_tokens_per_second_target():
             errors.append(abs(est.tokens_per_second / r["tokens_per_s"] - 1))
     assert len(errors) == 40
     assert np.median(errors) <= 0.25, np.median(errors)
+
+
+def test_prefill_seconds_target():
+    """Serving's prefill (one forward pass over the prompts) against the 15 measured H100
+    inference runs (tests/data: transformers forward, batch 1-8, 512-2048 tokens): the small
+    batches are bound by eager PyTorch's host time, the large ones by the GEMMs."""
+    errors = []
+    for r in _measured():
+        if r["mode"] == "infer_bf16":
+            est = lj.estimate_throughput(_llama_cfg(r["config"]), gpu="H100-SXM", **_kw(r))
+            errors.append(abs(est.prefill_seconds / r["prefill_s"] - 1))
+            assert est.prefill_tokens_per_second == pytest.approx(
+                r["batch"] * r["seq"] / est.prefill_seconds, rel=1e-5)
+    assert len(errors) == 15
+    assert np.median(errors) <= 0.15 and max(errors) <= 0.35, (np.median(errors), max(errors))
 
 
 def test_fp8_gemm_speedup_within_ten_percent():

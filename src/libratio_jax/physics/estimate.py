@@ -33,7 +33,7 @@ from libratio_jax.physics.architecture import ModelSpec
 from libratio_jax.physics.hardware import gpu_spec
 from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.optimizer import optimizer_id, optimizer_state_bytes
-from libratio_jax.physics.scenario import Workload
+from libratio_jax.physics.scenario import TRAIN, Workload
 from libratio_jax.physics.throughput import tenant_step_time
 
 OFFLOAD = ("none", "optimizer", "optimizer+params")
@@ -74,11 +74,18 @@ class MemoryEstimate:
 @dataclasses.dataclass(frozen=True)
 class ThroughputEstimate:
     """Seconds per optimizer step (training) or per decode iteration (serving), tokens/s of
-    the whole job, and the model FLOPs utilization against the GPU's dense BF16 peak."""
+    the whole job, and the model FLOPs utilization against the GPU's dense BF16 peak.
+
+    ``prefill_seconds``: one forward pass over the batch's prompts (``batch`` sequences of
+    ``seq_len`` tokens, every position's logits computed, as a transformers forward does),
+    and ``prefill_tokens_per_second`` its prompt tokens per second: serving's compute-bound
+    phase, where decode (``step_seconds`` when serving) is bandwidth-bound."""
 
     step_seconds: float
     tokens_per_second: float
     mfu: float
+    prefill_seconds: float
+    prefill_tokens_per_second: float
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -86,7 +93,9 @@ class ThroughputEstimate:
     def table(self) -> str:
         return (f"{'step':<12s}{self.step_seconds:>12.4f} s\n"
                 f"{'tokens/s':<12s}{self.tokens_per_second:>12,.0f}\n"
-                f"{'MFU (bf16)':<12s}{100 * self.mfu:>11.1f} %")
+                f"{'MFU (bf16)':<12s}{100 * self.mfu:>11.1f} %\n"
+                f"{'prefill':<12s}{self.prefill_seconds:>12.4f} s\n"
+                f"{'prefill tok/s':<14s}{self.prefill_tokens_per_second:>10,.0f}")
 
 
 def _setup(model, mode, batch, seq_len, weights, optimizer, optimizer_state, autocast,
@@ -185,4 +194,9 @@ def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "trai
     train = mode == "train"
     flops_per_token = (6.0 if train else 2.0) * float(spec.active_params)
     mfu = tokens * flops_per_token / (gpus * g.peak_flops[F.CC_BF16])
-    return ThroughputEstimate(step_seconds=step, tokens_per_second=tokens, mfu=mfu)
+    prompts = work.replace(mode=np.int32(TRAIN))  # one forward pass over the prompts
+    prefill = tenant_step_time(spec, prompts, pool, prec, kv, tp, pp, dp, 0, 0,
+                               max(float(work.batch) / dp, 1.0), forward_only=True)
+    return ThroughputEstimate(step_seconds=step, tokens_per_second=tokens, mfu=mfu,
+                              prefill_seconds=float(prefill.step_seconds),
+                              prefill_tokens_per_second=float(prefill.tokens_per_second))

@@ -119,7 +119,7 @@ def allreduce_seconds(size_bytes, n, bandwidth):
 
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
                      zero_stage, recompute, micro_batch, clock=1.0, *,
-                     weight_storage_bytes=None) -> StepTime:
+                     weight_storage_bytes=None, forward_only: bool = False) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
@@ -127,6 +127,9 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     ``clock`` (0, 1] scales compute rates (thermal throttling). ``weight_storage_bytes``
     (autocast: the master weights' bytes per parameter, e.g. 4 for AMP) makes the optimizer
     step touch those bytes and adds a cast of every weight per micro-batch.
+    ``forward_only`` (with a training workload): one forward pass over the batch and no
+    optimizer step, i.e. a serving prefill of ``batch`` prompts of ``seq_len`` tokens (see
+    :func:`prefill_step_time`).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -158,7 +161,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     # training: every row runs `passes` times over the replica's tokens and reads its weights
     # once per micro-batch per pass; serving (one decode iteration): every row runs once over
     # the replica's sequences and reads its weights once (experts: those a token touches).
-    passes = 3.0 + (recompute > 0)
+    passes = 1.0 if forward_only else 3.0 + (recompute > 0)
     tokens_replica = workload.batch * workload.seq_len / dp
     m = num_micro_batches(workload.batch, dp, micro_batch)
     seqs = workload.batch / dp  # serving: concurrent sequences per replica
@@ -194,20 +197,22 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
                        + model.block_act_bytes_per_token)
     elementwise = (tokens_replica * n_blocks * saved_per_block
                    * ELEMENTWISE_BYTES_PER_SAVED_BYTE * (passes / 3.0))
-    loss = tokens_replica * model.vocab * LOSS_BYTES_PER_LOGIT
+    # The loss (training); a forward pass only writes its 16-bit logits.
+    loss = tokens_replica * model.vocab * (F.ACT16_BYTES if forward_only
+                                           else LOSS_BYTES_PER_LOGIT)
     w_total = jnp.sum(w_bytes)
     cast = 0.0
     if weight_storage_bytes is not None:  # autocast: master weights cast every micro-batch
         params_total = jnp.sum(jnp.where(valid, model.params, 0.0))
         w_total = params_total * weight_storage_bytes
         cast = m * (w_total + jnp.sum(w_bytes))
-    optimizer_step = w_total * OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / jnp.where(
-        zero_stage >= 1, dp, 1.0)  # ZeRO-1+ shards the step over data-parallel ranks
+    optimizer_step = 0.0 if forward_only else w_total * OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / (
+        jnp.where(zero_stage >= 1, dp, 1.0))  # ZeRO-1+ shards the step over data-parallel ranks
     extras = jnp.where(is_train, (elementwise + loss + cast) / (tp * pp), 0.0)
     # The host issues forward, backward and recomputation (which costs two passes of host
     # time: the checkpoint wrapper re-runs the forward under autograd); the device runs
     # asynchronously, so the larger of the two counts; the optimizer step follows.
-    host_passes = 3.0 + 2.0 * (recompute > 0)
+    host_passes = 1.0 if forward_only else 3.0 + 2.0 * (recompute > 0)
     host = jnp.where(is_train, (n_blocks / pp) * m * host_passes * HOST_SECONDS_PER_BLOCK_PASS,
                      0.0)
     kernels = jnp.maximum(kernels_once * bubble + extras / bw, host) + jnp.where(
@@ -217,10 +222,10 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     # weight-gradient pass (Megatron: 2 forward, 2 backward, 2 more with recomputation);
     # data-parallel gradient all-reduce, partly overlapped; pipeline point-to-point sends.
     mb_act_bytes = micro_batch * workload.seq_len * model.hidden * F.ACT16_BYTES
-    n_tp_allreduce = (n_blocks / pp) * m * 2.0 * (passes - 1.0)
+    n_tp_allreduce = (n_blocks / pp) * m * 2.0 * (1.0 if forward_only else passes - 1.0)
     t_tp_train = n_tp_allreduce * allreduce_seconds(mb_act_bytes, tp, bw_tp)
-    t_dp = allreduce_seconds(grad_sum / (tp * pp), dp, bw_dp) * jnp.where(
-        zero_stage >= 3, 1.5, 1.0)
+    t_dp = 0.0 if forward_only else allreduce_seconds(grad_sum / (tp * pp), dp, bw_dp) * (
+        jnp.where(zero_stage >= 3, 1.5, 1.0))
     t_pp = jnp.where(pp > 1.0, 2.0 * m * mb_act_bytes / tp / bw_tp, 0.0)
     comm_train = t_tp_train + (1.0 - DP_OVERLAP) * t_dp + t_pp
     # Serving: two small all-reduces per block per decode iteration.
