@@ -5,7 +5,10 @@
 Prints one JSON line per (resolution, batch) with: benchmark, device_kind, batch, layers,
 block_groups, plans_per_second, compile_seconds, run_seconds, reference_plans_per_second,
 speedup_vs_reference. Compile time is the first call (trace + XLA compile + one run) minus a
-steady-state run; run time is the median of ``--repeats`` steady-state calls.
+steady-state run; run time is the median of ``--repeats`` steady-state calls. Then, per
+resolution, one line ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
+plan of host arrays (validation, dispatch and the result included; what a server step pays),
+the median of ``--repeats`` rounds of 200 calls.
 """
 
 from __future__ import annotations
@@ -70,6 +73,20 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
         }
         print(json.dumps(rec), flush=True)
         out.append(rec)
+    one = jax.tree.map(lambda x: np.asarray(x)[0], base)
+    jax.block_until_ready(lj.evaluate(sc, one))
+    rounds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            jax.block_until_ready(lj.evaluate(sc, one))
+        rounds.append((time.perf_counter() - t0) / 200)
+    rec = {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
+           "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
+           "block_groups": block_groups,
+           "call_microseconds": round(1e6 * float(np.median(rounds)), 1)}
+    print(json.dumps(rec), flush=True)
+    out.append(rec)
 
 
 def main(argv=None) -> None:

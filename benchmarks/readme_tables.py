@@ -86,12 +86,21 @@ def evaluate_throughput() -> str:
     for name in ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu_full.json",
                  "evaluate_throughput_gpu_coarse.json"):
         for r in _load(BENCH, name) or []:
+            if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
+                continue
             ref = r.get("speedup_vs_reference")
             rows.append((_device(r), r["layers"], f"{r['batch']:,}",
                          _si(r["plans_per_second"]), f"{r['compile_seconds']:.1f} s",
                          f"{ref:,.0f}×" if ref else ""))
     return _table(("device", "rows per model (L)", "batch", "plans/s", "compile",
                    "vs plain-Python reference"), rows)
+
+
+def evaluate_single_call() -> str:
+    rows = [(_device(r), r["layers"], f"{r['call_microseconds']:.0f} µs")
+            for r in _load(BENCH, "evaluate_throughput_cpu.json") or []
+            if r.get("benchmark") == "evaluate_single_call"]
+    return _table(("device", "rows per model (L)", "one `lj.evaluate` call, one plan"), rows)
 
 
 def baselines() -> str:
@@ -201,7 +210,8 @@ def eval_baselines() -> str:
 
 
 TABLES = {f.__name__.replace("_", "-"): f for f in (
-    env_throughput, reward_latency, reward_adversarial, evaluate_throughput, baselines, jax_grpo,
+    env_throughput, reward_latency, reward_adversarial, evaluate_throughput,
+    evaluate_single_call, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
     oversight_baselines, recovery_baselines, eval_baselines, server_load)}
 
