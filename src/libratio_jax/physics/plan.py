@@ -117,8 +117,8 @@ def choices_to_arrays(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, 
     rows (``valid`` False) always hold BF16 and absent tenants the idle defaults, so two plans
     that mean the same thing have identical arrays. Raises ValueError naming the field.
     """
-    parts = plan_parts(kinds.shape[0], n_present, choices)
-    prec, fields = expand_parts([parts], [(kinds, blocks, valid)])
+    parts = plan_parts(kinds, blocks, valid, n_present, choices)
+    prec, fields = expand_parts([parts], [(kinds, valid)])
     return {"precision": prec[0], **dict(zip(_INT_FIELDS, fields[0], strict=True))}
 
 
@@ -128,16 +128,19 @@ class PlanParts:
     reads many completions, then expands and validates them together):
     ``kind_formats[M][NUM_KINDS + 1]`` the format of each row kind per tenant (the last entry
     for padding rows), ``ints[8][M]`` the integer fields in ``_INT_FIELDS`` order,
-    ``overrides`` the tenants with ``blocks`` / ``layers`` precision overrides."""
+    ``overrides`` ``(tenant, formats[L])`` for tenants with ``blocks`` / ``layers`` precision
+    overrides (their rows spelled out)."""
 
     kind_formats: list
     ints: list
     overrides: list
 
 
-def plan_parts(m: int, n_present: int, choices: Sequence[Mapping[str, Any]]) -> PlanParts:
-    """:class:`PlanParts` of readable choices for ``m`` tenant slots (see
-    :meth:`Plan.from_choices`); ValueError naming the field."""
+def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_present: int,
+               choices: Sequence[Mapping[str, Any]]) -> PlanParts:
+    """:class:`PlanParts` of readable choices (see :meth:`Plan.from_choices`) for a scenario's
+    ``[M, L]`` row tables; ValueError naming the field."""
+    m = kinds.shape[0]
     if len(choices) > m:
         raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
     tables = [_IDLE_TABLE] * m
@@ -154,14 +157,19 @@ def plan_parts(m: int, n_present: int, choices: Sequence[Mapping[str, Any]]) -> 
             spec = _precision_spec(ch["precision"], field)
             tables[i] = _kind_table(spec, field) + [F.BF16]
             if "blocks" in spec or "layers" in spec:
-                overrides.append((i, spec, field))
+                rows = np.asarray(tables[i], np.int32)[np.where(valid[i], kinds[i],
+                                                                A.NUM_KINDS)]
+                overrides.append((i, np.where(valid[i], _apply_overrides(
+                    rows, spec, kinds[i], blocks[i], field), F.BF16)))
         ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), i, "gpus")
-        for k in ("tp", "pp", "micro_batch", "zero_stage", "pool"):
+        for k in ("tp", "pp", "micro_batch", "zero_stage"):
             if k in ch:
                 ints[k][i] = _int(ch[k], i, k)
         rec = ch.get("recompute", False)
         ints["recompute"][i] = int(rec if type(rec) is bool else checks.strict_bool(
             rec, f"plan: tenant {i} recompute"))
+        if "pool" in ch:
+            ints["pool"][i] = _int(ch["pool"], i, "pool")
         if "kv_precision" in ch:
             try:
                 ints["kv_precision"][i] = _format(ch["kv_precision"], "", "")
@@ -173,19 +181,16 @@ def plan_parts(m: int, n_present: int, choices: Sequence[Mapping[str, Any]]) -> 
 def expand_parts(parts: Sequence[PlanParts], rows: Sequence[tuple]) -> tuple[np.ndarray,
                                                                              np.ndarray]:
     """``(precision [B, M, L], int fields [B, 8, M])`` (int32) of plans given as
-    :class:`PlanParts`, each with its scenario's ``(kinds, blocks, valid)`` row tables (all of
-    one shape ``[M, L]``): one indexing spreads every plan's kind formats over its rows.
-    Overrides raise ValueError naming the field."""
+    :class:`PlanParts`, each with its scenario's ``(kinds, valid)`` row tables (all of one
+    shape ``[M, L]``): one indexing spreads every plan's kind formats over its rows."""
     n = len(parts)
     tables = np.array([p.kind_formats for p in parts], np.int32).reshape(n, -1)
-    index = np.stack([_row_index(k, v) for k, _, v in rows]) if n > 1 else (
-        _row_index(rows[0][0], rows[0][2])[None])
+    index = np.stack([_row_index(k, v) for k, v in rows]) if n > 1 else (
+        _row_index(*rows[0])[None])
     prec = np.take_along_axis(tables, index.reshape(n, -1), axis=1).reshape(index.shape)
     for b, p in enumerate(parts):
-        kinds, blocks, valid = rows[b]
-        for i, spec, field in p.overrides:
-            prec[b, i] = np.where(valid[i], _apply_overrides(prec[b, i], spec, kinds[i],
-                                                             blocks[i], field), F.BF16)
+        for i, formats in p.overrides:
+            prec[b, i] = formats
     return prec, np.array([p.ints for p in parts], np.int32)
 
 
@@ -224,6 +229,8 @@ def _row_index(kinds: np.ndarray, valid: np.ndarray) -> np.ndarray:
         return valid, (np.where(valid, kinds, A.NUM_KINDS)
                        + (A.NUM_KINDS + 1) * np.arange(m)[:, None])
 
+    if kinds.flags.writeable or valid.flags.writeable:  # may change in place: not kept
+        return build(None)[1]
     kept_valid, index = _per_object(_ROW_INDEX, kinds, build)
     return index if kept_valid is valid else build(None)[1]
 
@@ -395,7 +402,13 @@ _RULE_TABLES: dict[int, tuple[weakref.ref, _RuleTables]] = {}
 
 
 def _rule_tables(scenario) -> _RuleTables:
-    return _per_object(_RULE_TABLES, scenario, _RuleTables)  # scenarios are immutable
+    """Kept per scenario object when its arrays cannot change (JAX arrays, read-only NumPy
+    views of them); host arrays that may be written in place are read afresh."""
+    leaves = (scenario.present, scenario.models.n_heads, scenario.models.n_kv_heads,
+              scenario.models.n_blocks, scenario.cluster.gpu_count, scenario.cluster.valid)
+    if any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
+        return _RuleTables(scenario)
+    return _per_object(_RULE_TABLES, scenario, _RuleTables)
 
 
 def _clip(x: int, lo: int, hi: int) -> int:

@@ -833,8 +833,8 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
     out: list[ParsedPlan | None] = [None] * n
     batched: dict[tuple, list] = {}
     for b in range(n):
-        agent = None if agents is None else agents[b]
         try:
+            agent = None if agents is None else agents[b]
             t = ScenarioTables.of(scenarios[b])
         except Exception as e:  # not a scenario: a caller's bug, reported rather than raised
             out[b] = ParsedPlan(None, NO_JSON, shorten(f"bad scenario: {e}"))
@@ -850,12 +850,8 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
                 out[b] = _validated(t, _agent_plan(t, choices, agent, None if base_plans is None
                                                    else base_plans[b]))
                 continue
-            parts = plan_parts(n_slots, n_slots,
+            parts = plan_parts(t.kinds, t.blocks, t.valid, n_slots,
                                [choices.get(i, {"gpus": 0}) for i in range(n_slots)])
-            if parts.overrides:  # block / row overrides: spread (and checked) on their own
-                out[b] = _validated(t, _plan_of(*expand_parts(
-                    [parts], [(t.kinds, t.blocks, t.valid)]), 0))
-                continue
             shape = (t.kinds.shape, t.scenario.cluster.gpu_count.shape)
             batched.setdefault(shape, []).append((b, t, parts))
         except (_PlanError, ValueError) as e:  # ValueError: a field that does not fit the model
@@ -865,7 +861,7 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
     for items in batched.values():
         try:
             prec, fields = expand_parts([p for _, _, p in items],
-                                        [(t.kinds, t.blocks, t.valid) for _, t, _ in items])
+                                        [(t.kinds, t.valid) for _, t, _ in items])
             broken = (invalid_plans(fields, [t.scenario for _, t, _ in items]) if len(items) > 1
                       else [True])  # one plan: validate_plan's scalar path is faster
         except Exception as e:  # noqa: BLE001 - never raises (not expected: inputs are checked)

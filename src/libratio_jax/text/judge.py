@@ -277,8 +277,11 @@ class RewardEngine:
         for (b, key, tables, _, _), p in zip(todo, parsed, strict=True):
             stage[b], reasons[b] = p.stage, p.reason
             if p.valid:
-                scenario_slot[b] = self.bank.slot(key, tables.scenario)
-                plans[b] = p.plan
+                try:
+                    scenario_slot[b] = self.bank.slot(key, tables.scenario)
+                    plans[b] = p.plan
+                except Exception as e:  # noqa: BLE001 - one bad row never spoils its batch
+                    stage[b], reasons[b] = T.NO_JSON, T.shorten(f"cannot judge this row: {e!r}")
         parse_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         valid = stage == T.VALID
