@@ -79,7 +79,8 @@ class ThroughputEstimate:
     ``prefill_seconds``: one forward pass over the batch's prompts (``batch`` sequences of
     ``seq_len`` tokens, every position's logits computed, as a transformers forward does),
     and ``prefill_tokens_per_second`` its prompt tokens per second: serving's compute-bound
-    phase, where decode (``step_seconds`` when serving) is bandwidth-bound."""
+    phase, where decode (``step_seconds`` when serving) is bandwidth-bound. Both are 0 for
+    training."""
 
     step_seconds: float
     tokens_per_second: float
@@ -194,9 +195,11 @@ def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "trai
     train = mode == "train"
     flops_per_token = (6.0 if train else 2.0) * float(spec.active_params)
     mfu = tokens * flops_per_token / (gpus * g.peak_flops[F.CC_BF16])
-    prompts = work.replace(mode=np.int32(TRAIN))  # one forward pass over the prompts
-    prefill = tenant_step_time(spec, prompts, pool, prec, kv, tp, pp, dp, 0, 0,
-                               max(float(work.batch) / dp, 1.0), forward_only=True)
+    prefill_s = prefill_tokens = 0.0
+    if not train:  # one forward pass over the prompts
+        prompts = work.replace(mode=np.int32(TRAIN))
+        prefill = tenant_step_time(spec, prompts, pool, prec, kv, tp, pp, dp, 0, 0,
+                                   max(float(work.batch) / dp, 1.0), forward_only=True)
+        prefill_s, prefill_tokens = float(prefill.step_seconds), float(prefill.tokens_per_second)
     return ThroughputEstimate(step_seconds=step, tokens_per_second=tokens, mfu=mfu,
-                              prefill_seconds=float(prefill.step_seconds),
-                              prefill_tokens_per_second=float(prefill.tokens_per_second))
+                              prefill_seconds=prefill_s, prefill_tokens_per_second=prefill_tokens)
