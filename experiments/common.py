@@ -120,3 +120,48 @@ def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int =
             save_json(path, cache)
         out.append(cache[key])
     return out
+
+
+def incident_baselines(argv, doc: str, experiment: str, env_name: str, play, table) -> dict:
+    """The held-out baseline run of an incident env (``Fleet-Oversight-v0``,
+    ``Fleet-Recovery-v0``): ``--episodes``, ``--bank-size``, ``--bank-seed`` (held out: the
+    env's default bank uses seed 0), ``--seed`` and the output options; ``play(env, params,
+    episodes, seed) -> (rewards, cases)`` plays every policy on the same episodes and
+    ``table(rewards, cases) -> rows`` summarizes them (NumPy float64 rewards). Writes
+    ``results/<experiment>.json`` with the case counts, device and wall time; returns it."""
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=4096)
+    ap.add_argument("--bank-size", type=int, default=64)
+    ap.add_argument("--bank-seed", type=int, default=1, help="held out: the default bank is 0")
+    ap.add_argument("--seed", type=int, default=1)
+    add_output_args(ap)
+    args = ap.parse_args(argv)
+    out_dir = output_dir(args)
+
+    import jax
+    import numpy as np
+
+    import libratio_jax as lj
+    from libratio_jax.env.fleet.incidents import CASES
+
+    t0 = time.perf_counter()
+    env, params = lj.make(env_name, bank_size=args.bank_size, seed=args.bank_seed)
+    rewards, cases = play(env, params, args.episodes, args.seed)
+    rewards, cases = np.asarray(rewards, np.float64), np.asarray(cases)
+    rows = table(rewards, cases)
+    summary = {
+        "experiment": experiment, "env": env.name, "episodes": args.episodes,
+        "bank_size": args.bank_size, "bank_seed": args.bank_seed, "seed": args.seed,
+        "cases": {c: int(np.sum(cases == i)) for i, c in enumerate(CASES)},
+        "device_kind": jax.devices()[0].device_kind,
+        "wall_seconds": round(time.perf_counter() - t0, 1), "table": rows,
+    }
+    path = save_json(result_path(experiment, "json", out_dir), summary)
+    for row in rows:
+        print(row)
+    print("->", path)
+    return summary
