@@ -43,6 +43,7 @@ FORMAT_NAMES: tuple[str, ...] = (
     "nvfp4",
 )
 NUM_FORMATS = len(FORMAT_NAMES)
+FORMAT_IDS = {name: i for i, name in enumerate(FORMAT_NAMES)}  # canonical name -> id
 
 FP32, TF32, BF16, FP16, FP8_E4M3, FP8_E5M2, INT8, INT4, NF4, MXFP8, MXFP4, NVFP4 = range(
     NUM_FORMATS

@@ -194,14 +194,21 @@ def expand_parts(parts: Sequence[PlanParts], rows: Sequence[tuple]) -> tuple[np.
     return prec, np.array([p.ints for p in parts], np.int32)
 
 
+def plan_at(precision: np.ndarray, fields: np.ndarray, k: int) -> Plan:
+    """Plan ``k`` of :func:`expand_parts`' arrays."""
+    return Plan(precision=precision[k], **dict(zip(_INT_FIELDS, fields[k], strict=True)))
+
+
 # Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
-_INT_LIMIT = 2**24
+INT_LIMIT = 2**24
 _CHOICE_FIELDS = frozenset(("precision", *_INT_FIELDS))
 _IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
               "kv_precision": F.BF16, "micro_batch": 1, "pool": 0}  # Plan.idle's fields
 
 
 _IDLE_TABLE = [F.BF16] * (A.NUM_KINDS + 1)
+
+
 def _per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
     """``build(obj)``, computed once per live object (host scenarios and their row tables:
     the parser builds and validates many plans of each). Entries leave with their object."""
@@ -236,13 +243,12 @@ def _row_index(kinds: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 
 def _int(v: Any, i: int, field: str) -> int:
-    if type(v) is int and -_INT_LIMIT <= v <= _INT_LIMIT:
+    if type(v) is int and -INT_LIMIT <= v <= INT_LIMIT:
         return v
-    return checks.integer(v, f"plan: tenant {i} {field}", -_INT_LIMIT, _INT_LIMIT)
+    return checks.integer(v, f"plan: tenant {i} {field}", -INT_LIMIT, INT_LIMIT)
 
 
-_FORMAT_IDS = {**{i: i for i in range(F.NUM_FORMATS)},
-               **{name: i for i, name in enumerate(F.FORMAT_NAMES)}}
+_FORMAT_IDS = {**{i: i for i in range(F.NUM_FORMATS)}, **F.FORMAT_IDS}
 
 
 def _format(v: Any, field: str, where: Any) -> int:
@@ -294,7 +300,7 @@ def _apply_overrides(out: np.ndarray, spec: Mapping[str, Any], kinds: np.ndarray
     """``out`` (formats per row) with the spec's ``blocks`` and ``layers`` overrides."""
     out = out.copy()
     for b, groups in _mapping(spec.get("blocks"), f"{field}['blocks']").items():
-        b = checks.integer(b, f"{field}: block", -_INT_LIMIT, _INT_LIMIT)
+        b = checks.integer(b, f"{field}: block", -INT_LIMIT, INT_LIMIT)
         if not (0 <= b <= blocks.max()):
             raise ValueError(f"{field}: block {b!r} out of range")
         groups = groups if isinstance(groups, Mapping) else {"default": groups}
@@ -306,7 +312,7 @@ def _apply_overrides(out: np.ndarray, spec: Mapping[str, Any], kinds: np.ndarray
         chosen = table[kinds[rows]]
         out[rows] = np.where(chosen >= 0, chosen, out[rows])
     for r, v in _mapping(spec.get("layers"), f"{field}['layers']").items():
-        r = checks.integer(r, f"{field}: layer row", -_INT_LIMIT, _INT_LIMIT)
+        r = checks.integer(r, f"{field}: layer row", -INT_LIMIT, INT_LIMIT)
         if not (0 <= r < len(kinds)):
             raise ValueError(f"{field}: layer row {r!r} out of range [0, {len(kinds)})")
         out[r] = _format(v, field, f"layers[{r}]")
@@ -494,7 +500,7 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
         ok = jnp.isfinite(xf) & (xf == jnp.round(xf)) & (xf >= lo) & (xf <= hi)
         return jnp.where(ok, xf, lo).astype(jnp.int32), ok
 
-    big = 2**24
+    big = INT_LIMIT
     prec, ok_prec = integral(plan.precision, 0, F.NUM_FORMATS - 1)
     ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
     fields = {}

@@ -62,11 +62,13 @@ from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import GPU_NAMES
 from libratio_jax.physics.optimizer import OPTIMIZERS
 from libratio_jax.physics.plan import (
+    INT_LIMIT,
     LAYER_GROUPS,
     Plan,
     choices_to_arrays,
     expand_parts,
     invalid_plans,
+    plan_at,
     plan_parts,
     validate_plan,
 )
@@ -614,7 +616,7 @@ def _as_int(v: Any, field: str, prefixes: tuple[str, ...] = ()) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (
             float("inf"), float("-inf")) or int(v) != v:
         raise _PlanError(f"{field} must be an integer, got {v!r}")
-    if abs(v) > 2**24:
+    if abs(v) > INT_LIMIT:
         raise _PlanError(f"{field} = {v!r} is out of range")
     return int(v)
 
@@ -704,9 +706,7 @@ def _tenant_entries(obj: Any) -> list[tuple[Any, Any]]:
 # _canonical_entry without the alias and text handling (the same result, several times faster:
 # most completions of a trained policy are canonical); anything else takes the general path.
 _CANONICAL_INTS = frozenset(("id", "gpus", "tp", "pp", "zero_stage", "micro_batch", "pool"))
-_CANONICAL_FORMATS = {name: i for i, name in enumerate(F.FORMAT_NAMES)}
 _CANONICAL_GROUPS = frozenset(("default", *LAYER_GROUPS))
-_INT_RANGE = 2**24
 
 
 def _canonical_entry(e: Any) -> tuple[int | None, dict] | None:
@@ -718,7 +718,7 @@ def _canonical_entry(e: Any) -> tuple[int | None, dict] | None:
     for k, v in e.items():
         t = type(v)
         if k in _CANONICAL_INTS:
-            if t is not int or not -_INT_RANGE <= v <= _INT_RANGE:
+            if t is not int or not -INT_LIMIT <= v <= INT_LIMIT:
                 return None
             if k == "id":
                 tid = v
@@ -726,17 +726,17 @@ def _canonical_entry(e: Any) -> tuple[int | None, dict] | None:
                 ch[k] = v
         elif k == "recompute" and t is bool:
             ch[k] = v
-        elif k == "kv_precision" and t is str and v in _CANONICAL_FORMATS:
-            ch[k] = _CANONICAL_FORMATS[v]
-        elif k == "precision" and t is str and v in _CANONICAL_FORMATS:
-            ch[k] = {"default": _CANONICAL_FORMATS[v]}
+        elif k == "kv_precision" and t is str and v in F.FORMAT_IDS:
+            ch[k] = F.FORMAT_IDS[v]
+        elif k == "precision" and t is str and v in F.FORMAT_IDS:
+            ch[k] = {"default": F.FORMAT_IDS[v]}
         elif k == "precision" and t is dict:
             prec = {}
             for g, f in v.items():
                 if g not in _CANONICAL_GROUPS or type(f) is not str or (
-                        f not in _CANONICAL_FORMATS):
+                        f not in F.FORMAT_IDS):
                     return None
-                prec[g] = _CANONICAL_FORMATS[f]
+                prec[g] = F.FORMAT_IDS[f]
             ch[k] = prec
         elif k == "model" and t is str:
             continue
@@ -869,16 +869,9 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
                 out[b] = ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
             continue
         for k, (b, t, _) in enumerate(items):
-            plan = _plan_of(prec, fields, k)
+            plan = plan_at(prec, fields, k)
             out[b] = _validated(t, plan) if broken[k] else ParsedPlan(plan, VALID, "")
     return out
-
-
-def _plan_of(prec: np.ndarray, fields: np.ndarray, k: int) -> Plan:
-    return Plan(precision=prec[k], **dict(zip(_INT_FIELD_NAMES, fields[k], strict=True)))
-
-
-_INT_FIELD_NAMES = tuple(f for f in Plan.__dataclass_fields__ if f != "precision")
 
 
 def _agent_plan(t: ScenarioTables, choices: dict, agent: int, base_plan: Plan | None) -> Plan:
