@@ -6,9 +6,10 @@ Prints one JSON line per (resolution, batch) with: benchmark, device_kind, batch
 block_groups, plans_per_second, compile_seconds, run_seconds, reference_plans_per_second,
 speedup_vs_reference. Compile time is the first call (trace + XLA compile + one run) minus a
 steady-state run; run time is the median of ``--repeats`` steady-state calls. Then, per
-resolution, one line ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
+resolution, two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
 plan of host arrays (validation, dispatch and the result included; what a server step pays),
-the median of ``--repeats`` rounds of 200 calls.
+the median of ``--repeats`` rounds of 200 calls, in a fresh process with JAX's default
+asynchronous CPU dispatch and with ``lj.inline_cpu_dispatch()`` (``dispatch``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -73,7 +75,27 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
         }
         print(json.dumps(rec), flush=True)
         out.append(rec)
-    one = jax.tree.map(lambda x: np.asarray(x)[0], base)
+    for inline in (False, True):
+        rec = single_call(block_groups, repeats, inline)
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+
+
+def single_call(block_groups, repeats: int, inline: bool) -> dict:
+    """``evaluate_single_call`` of one resolution, measured in a fresh process (JAX reads the
+    dispatch mode when its backend starts): with JAX's default asynchronous CPU dispatch, or
+    ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--single-call", str(block_groups or 0),
+           "--repeats", str(repeats)] + (["--inline"] if inline else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _single_call_here(block_groups, repeats: int, inline: bool) -> dict:
+    if inline:
+        lj.inline_cpu_dispatch()
+    sc = lj.reference_scenario(block_groups=block_groups)
+    one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(sc, 1, seed=0))
     jax.block_until_ready(lj.evaluate(sc, one))
     rounds = []
     for _ in range(repeats):
@@ -81,12 +103,10 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
         for _ in range(200):
             jax.block_until_ready(lj.evaluate(sc, one))
         rounds.append((time.perf_counter() - t0) / 200)
-    rec = {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
-           "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
-           "block_groups": block_groups,
-           "call_microseconds": round(1e6 * float(np.median(rounds)), 1)}
-    print(json.dumps(rec), flush=True)
-    out.append(rec)
+    return {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
+            "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
+            "block_groups": block_groups, "dispatch": "inline" if inline else "async",
+            "call_microseconds": round(1e6 * float(np.median(rounds)), 1)}
 
 
 def main(argv=None) -> None:
@@ -97,8 +117,14 @@ def main(argv=None) -> None:
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reference-plans", type=int, default=50)
+    ap.add_argument("--single-call", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
     add_output_args(ap)
     args = ap.parse_args(argv)
+    if args.single_call is not None:  # the child process of single_call
+        print(json.dumps(_single_call_here(args.single_call or None, args.repeats,
+                                           args.inline)))
+        return
     records: list = []
     for g in args.block_groups:
         run(args.batches, g or None, args.repeats, args.reference_plans, records)

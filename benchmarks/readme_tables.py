@@ -97,10 +97,12 @@ def evaluate_throughput() -> str:
 
 
 def evaluate_single_call() -> str:
-    rows = [(_device(r), r["layers"], f"{r['call_microseconds']:.0f} µs")
+    rows = [(_device(r), r["layers"], r.get("dispatch", "async"),
+             f"{r['call_microseconds']:.0f} µs")
             for r in _load(BENCH, "evaluate_throughput_cpu.json") or []
             if r.get("benchmark") == "evaluate_single_call"]
-    return _table(("device", "rows per model (L)", "one `lj.evaluate` call, one plan"), rows)
+    return _table(("device", "rows per model (L)", "CPU dispatch",
+                   "one `lj.evaluate` call, one plan"), rows)
 
 
 def baselines() -> str:

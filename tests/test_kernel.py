@@ -137,3 +137,12 @@ def test_chunked_batch_equals_single_pass(monkeypatch):
     monkeypatch.setattr(kernel, "CPU_CHUNK", 4)  # 3 chunks, 2 padded plans
     chunked = jax.jit(kernel.evaluate_batch)(sc, plans)
     chex.assert_trees_all_close(whole, chunked, rtol=1e-6)
+
+
+def test_inline_cpu_dispatch_only_before_the_backend_starts():
+    """Once JAX's backend is up the setting cannot apply: the call says so and changes
+    nothing (evaluations here already ran)."""
+    jnp.ones(1).block_until_ready()
+    before = jax.config.read("jax_cpu_enable_async_dispatch")
+    assert lj.inline_cpu_dispatch() is False
+    assert jax.config.read("jax_cpu_enable_async_dispatch") == before

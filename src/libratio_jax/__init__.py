@@ -19,7 +19,7 @@ from libratio_jax.physics.estimate import (
 )
 from libratio_jax.physics.formats import FORMAT_NAMES, format_id
 from libratio_jax.physics.hardware import ClusterSpec, GpuSpec
-from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one
+from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one, inline_cpu_dispatch
 from libratio_jax.physics.plan import Plan, validate_plan
 from libratio_jax.physics.scenario import Scenario, Tenant, Workload, reference_scenario
 
@@ -42,6 +42,7 @@ __all__ = [
     "estimate_throughput",
     "evaluate",
     "evaluate_one",
+    "inline_cpu_dispatch",
     "format_id",
     "make",
     "reference_scenario",

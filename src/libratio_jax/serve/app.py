@@ -126,8 +126,9 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
     how long steps are gathered into one batched call (``None``: no batching);
     ``idle_seconds``: idle sessions are closed after this long; ``overrides``: ``make``
     overrides of the Fleet envs (e.g. ``bank_size``)."""
-    from libratio_jax import __version__
+    from libratio_jax import __version__, inline_cpu_dispatch
 
+    inline_cpu_dispatch()  # steps are small batches: latency-bound (no effect once JAX is up)
     hub = Hub(max_sessions, window_seconds=window_seconds, overrides=overrides)
     app = create_app(lambda: LibratioEnvironment(hub), LibratioAction, LibratioObservation,
                      env_name="libratio_jax", concurrency_config=ConcurrencyConfig(
