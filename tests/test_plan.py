@@ -97,7 +97,7 @@ def test_single_plan_validation_matches_the_batched_rules():
     same verdict and message on randomly spoiled plans."""
     import jax
 
-    from libratio_jax.physics.plan import _INT_FIELDS, invalid_plans, validate_plan
+    from libratio_jax.physics.plan import _INT_FIELDS, invalid_plans, rule_tables, validate_plan
 
     sc = lj.reference_scenario(block_groups=1)
     plans = sample_plans(sc, 200, seed=4)
@@ -125,4 +125,4 @@ def test_single_plan_validation_matches_the_batched_rules():
     assert 50 < errors < 200  # both verdicts were exercised
     # The reward path's form: many plans (of scenarios of one shape) flagged in one pass.
     fields = np.stack([[getattr(p, f) for f in _INT_FIELDS] for p in spoiled])
-    assert invalid_plans(fields, [sc] * len(spoiled)).tolist() == verdicts
+    assert invalid_plans(fields, [rule_tables(sc)] * len(spoiled)).tolist() == verdicts

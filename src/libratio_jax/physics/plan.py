@@ -359,7 +359,7 @@ def validate_plan(scenario, plan: Plan) -> None:
         if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
     stacked = np.array(xs, np.int64).reshape(len(xs), -1, m)  # [fields, B, M]
-    tables = _rule_tables(scenario)
+    tables = rule_tables(scenario)
     if stacked.shape[1] == 1:  # one plan: the rules on Python scalars, tenant by tenant
         per_tenant = zip(*stacked[:, 0].tolist(), *tables.lists[:4], strict=True)
         if not any(bad for row in per_tenant
@@ -391,9 +391,11 @@ def validate_plan(scenario, plan: Plan) -> None:
             f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
 
 
-class _RuleTables:
-    """The scenario fields the rules read, as arrays and as lists (for the scalar path):
-    present, heads, KV heads and blocks per tenant, GPUs and validity per pool."""
+class RuleTables:
+    """The scenario fields :func:`validate_plan`'s rules read: present, heads, KV heads and
+    blocks per tenant, GPUs and validity per pool; as arrays, as lists (the scalar path) and
+    as one int64 vector (``flat``: many scenarios' tables stack in one call). Get them with
+    :func:`rule_tables`."""
 
     def __init__(self, scenario):
         models, cluster = scenario.models, scenario.cluster
@@ -402,19 +404,21 @@ class _RuleTables:
                        np.asarray(models.n_blocks).astype(np.int64),
                        np.asarray(cluster.gpu_count), np.asarray(cluster.valid))
         self.lists = tuple(a.tolist() for a in self.arrays)
+        self.flat = np.concatenate([a.astype(np.int64) for a in self.arrays])
 
 
-_RULE_TABLES: dict[int, tuple[weakref.ref, _RuleTables]] = {}
+_RULE_TABLES: dict[int, tuple[weakref.ref, RuleTables]] = {}
 
 
-def _rule_tables(scenario) -> _RuleTables:
-    """Kept per scenario object when its arrays cannot change (JAX arrays, read-only NumPy
-    views of them); host arrays that may be written in place are read afresh."""
+def rule_tables(scenario) -> RuleTables:
+    """The scenario's :class:`RuleTables`, kept per scenario object when its arrays cannot
+    change (JAX arrays, read-only NumPy views of them); host arrays that may be written in
+    place are read afresh."""
     leaves = (scenario.present, scenario.models.n_heads, scenario.models.n_kv_heads,
               scenario.models.n_blocks, scenario.cluster.gpu_count, scenario.cluster.valid)
     if any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
-        return _RuleTables(scenario)
-    return _per_object(_RULE_TABLES, scenario, _RuleTables)
+        return RuleTables(scenario)
+    return _per_object(_RULE_TABLES, scenario, RuleTables)
 
 
 def _clip(x: int, lo: int, hi: int) -> int:
@@ -429,15 +433,20 @@ def _at_rows(table, index):
     return np.take_along_axis(table, index, axis=-1)
 
 
-def invalid_plans(fields: np.ndarray, scenarios: Sequence) -> np.ndarray:
+def invalid_plans(fields: np.ndarray, tables: Sequence[RuleTables]) -> np.ndarray:
     """``bool[B]``: which plans break a rule of :func:`validate_plan`, for host plans of
     different scenarios of one shape (``fields[B, 8, M]``: the integer fields in
-    ``_INT_FIELDS`` order; precisions are not checked: for plans built by
-    :func:`expand_parts`, whose formats are valid ids). One vectorized pass for a batch;
-    :func:`validate_plan` then says what is wrong with a flagged one."""
-    tables = [np.stack(t) for t in zip(*(_rule_tables(s).arrays for s in scenarios),
-                                       strict=True)]
-    broken = _broken_rules(*np.moveaxis(fields.astype(np.int64), 1, 0), *tables, np.maximum,
+    ``_INT_FIELDS`` order; ``tables``: each plan's scenario's :func:`rule_tables`;
+    precisions are not checked: for plans built by :func:`expand_parts`, whose formats are
+    valid ids). One vectorized pass for a batch; :func:`validate_plan` then says what is
+    wrong with a flagged one."""
+    m = fields.shape[-1]
+    flat = np.array([t.flat for t in tables])  # [B, 4 M + 2 P]
+    n_pools = (flat.shape[1] - 4 * m) // 2
+    cuts = np.cumsum([m, m, m, m, n_pools])
+    present, heads, kv_heads, n_blocks, pool_count, pool_valid = np.split(flat, cuts, axis=1)
+    broken = _broken_rules(*np.moveaxis(fields.astype(np.int64), 1, 0), present.astype(bool),
+                           heads, kv_heads, n_blocks, pool_count, pool_valid, np.maximum,
                            np.clip, _at_rows)
     return np.stack([bad for bad, _ in broken]).any(axis=(0, 2))
 

@@ -65,11 +65,13 @@ from libratio_jax.physics.plan import (
     INT_LIMIT,
     LAYER_GROUPS,
     Plan,
+    RuleTables,
     choices_to_arrays,
     expand_parts,
     invalid_plans,
     plan_at,
     plan_parts,
+    rule_tables,
     validate_plan,
 )
 from libratio_jax.physics.scenario import MODES
@@ -199,6 +201,7 @@ class ScenarioTables:
     blocks: np.ndarray
     valid: np.ndarray
     present: np.ndarray
+    rules: RuleTables  # what validate_plan's rules read (plans are checked in batches)
 
     @classmethod
     def of(cls, scenario) -> ScenarioTables:
@@ -209,7 +212,7 @@ class ScenarioTables:
             raise ValueError("parse/render: expected one scenario (no batch axis), got "
                              f"present with shape {host.present.shape}")
         return cls(host, host.models.kind, host.models.block, host.models.valid,
-                   host.present.astype(bool))
+                   host.present.astype(bool), rule_tables(host))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -862,7 +865,7 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
         try:
             prec, fields = expand_parts([p for _, _, p in items],
                                         [(t.kinds, t.valid) for _, t, _ in items])
-            broken = (invalid_plans(fields, [t.scenario for _, t, _ in items]) if len(items) > 1
+            broken = (invalid_plans(fields, [t.rules for _, t, _ in items]) if len(items) > 1
                       else [True])  # one plan: validate_plan's scalar path is faster
         except Exception as e:  # noqa: BLE001 - never raises (not expected: inputs are checked)
             for b, _, _ in items:
