@@ -432,6 +432,8 @@ def _json_spans(text: str) -> list[tuple[int, int]]:
     JSON, and brackets inside strings do not count). Openers left unclosed, or dropped by a
     mismatched closer, do not hide what they enclose: spans directly inside them count as top
     level."""
+    if "}" not in text and "]" not in text:
+        return []  # nothing closes: no span (a C-speed scan spares the token loop)
     spans = []  # (start, end, depth, position of the innermost enclosing opener)
     stack: list[tuple[str, int]] = []
     dropped: set[int] = set()
