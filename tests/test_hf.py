@@ -113,13 +113,16 @@ def _evaluate_reward(sc, plans, params):
     """G with the IRD floor through the public lj.evaluate (batched), then the reward
     composition per plan."""
     stacked = lj.Plan.stack(plans)
-    metrics = lj.evaluate(sc, stacked)
+    return np.asarray(_compose(lj.evaluate(sc, stacked), stacked, sc, params))
 
+
+@jax.jit
+def _compose(metrics, plans, sc, params):
     def one(m, p):
         u = compose.tenant_utility(m, sc, p, params)
         return ird.apply_floor(compose.team_reward(u, sc), ird.rules(m, sc, p), params.ird_floor)
 
-    return np.asarray(jax.vmap(one)(metrics, stacked))
+    return jax.vmap(one)(metrics, plans)
 
 
 def test_rewards_from_text_equal_rewards_from_evaluate(rows, built):
