@@ -1,9 +1,10 @@
-"""The README's result tables, generated from the committed results files so they cannot drift.
+"""The README's (and docs/rl_cluster.md's) result tables, generated from the committed results
+files so they cannot drift.
 
-    python benchmarks/readme_tables.py           # rewrite the tables in README.md
-    python benchmarks/readme_tables.py --check   # exit 1 if README.md differs (the tests run this)
+    python benchmarks/readme_tables.py           # rewrite the tables in the documents
+    python benchmarks/readme_tables.py --check   # exit 1 if one differs (the tests run this)
 
-Each table sits between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in README.md and is
+Each table sits between ``<!-- table: NAME -->`` and ``<!-- /table -->`` in a document and is
 built from ``benchmarks/results/*.json`` or ``experiments/results/*.json`` (written by the
 scripts with ``--save-results``). A table whose files are missing keeps its markers and says so.
 """
@@ -204,6 +205,37 @@ def server_load() -> str:
     return _table(("mode", "sessions", "steps", "steps/s", "p50", "p99", "errors"), rows)
 
 
+def rl_cluster() -> str:
+    d = _load(EXPER, "rl_cluster.json")
+    if d is None:
+        return "(no experiments/results/rl_cluster.json yet)\n"
+    rows = [(r["planner"], f"{r['reward']:.3f}", f"{r['trajectories_per_second']:.3f}",
+             f"{100 * r['rollout_share']:.1f}%", f"{100 * r['rollout_share_synchronous']:.1f}%",
+             f"{r['moves_per_episode']:.1f}", f"{r['invalid_fraction']:.3f}")
+            for r in d["table"]]
+    return _table(("planner", "reward", "trajectories/s", "rollout share (async step)",
+                   "rollout share (sync)", "moves / episode", "invalid"), rows)
+
+
+def rl_cluster_checks() -> str:
+    d = _load(EXPER, "rl_cluster.json")
+    if d is None:
+        return "(no experiments/results/rl_cluster.json yet)\n"
+    c = d["checks"]
+    rows = [
+        ("rollout's share of a step", f"{100 * c['rollout_share_of_step']:.1f}% "
+         f"(sync: {100 * d['table'][0]['rollout_share_synchronous']:.1f}%)",
+         c["published_rollout_share"]),
+        ("Libra over a static split with FIFO", f"{c['libra_over_static_half']:.2f}x",
+         c["published_libra_over_static_fifo"]),
+        ("Libra over the best static layout", f"{c['libra_over_best_static']:.2f}x", "-"),
+        ("exhaustive (upper bound) over Libra", f"{c['exhaustive_over_libra']:.2f}x", "-"),
+        ("learned over Libra", f"{c['learned_over_libra']:.2f}x", "goal >= 1.10x"),
+        ("learned over Libra with FIFO", f"{c['learned_over_libra_fifo']:.2f}x", "-"),
+    ]
+    return _table(("check", "ours", "published / goal"), rows)
+
+
 def eval_baselines() -> str:
     d = _load(EXPER, "eval_baselines.json")
     if d is None:
@@ -215,7 +247,10 @@ TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput,
     evaluate_single_call, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
-    oversight_baselines, recovery_baselines, eval_baselines, server_load)}
+    oversight_baselines, recovery_baselines, eval_baselines, server_load, rl_cluster,
+    rl_cluster_checks)}
+# The files whose marked tables are generated (the README and the docs that show results).
+DOCUMENTS = (README, os.path.join(ROOT, "docs", "rl_cluster.md"))
 
 
 def render(text: str) -> str:
@@ -223,7 +258,7 @@ def render(text: str) -> str:
     def one(m):
         name = m.group("name")
         if name not in TABLES:
-            raise ValueError(f"README.md: unknown table {name!r}; known: {sorted(TABLES)}")
+            raise ValueError(f"unknown table {name!r}; known: {sorted(TABLES)}")
         return m.group(1) + TABLES[name]() + m.group(4)
 
     return _BLOCK.sub(one, text)
@@ -232,20 +267,26 @@ def render(text: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="fail if README.md is out of date")
+    ap.add_argument("--check", action="store_true", help="fail if a document is out of date")
     args = ap.parse_args(argv)
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
-    new = render(text)
+    stale = []
+    for path in DOCUMENTS:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = render(text)
+        if new == text:
+            continue
+        stale.append(os.path.relpath(path, ROOT))
+        if not args.check:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
     if args.check:
-        if new != text:
-            print("README.md tables differ from the results files: run "
+        if stale:
+            print(f"{', '.join(stale)}: tables differ from the results files: run "
                   "python benchmarks/readme_tables.py", file=sys.stderr)
             return 1
         return 0
-    with open(README, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"README.md: {len(_BLOCK.findall(new))} tables from the results files")
+    print(f"rewrote {', '.join(stale) or 'nothing'} from the results files")
     return 0
 
 

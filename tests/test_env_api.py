@@ -14,6 +14,7 @@ from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper
 # Small banks keep the suite fast; every registered name is covered.
 _OVERRIDES = {name: dict(bank_size=4) for name in (
     "Fleet-v0", "Fleet-easy-v0", "Fleet-hard-v0", "Fleet-Oversight-v0", "Fleet-Recovery-v0")}
+_OVERRIDES["RLCluster-v0"] = dict(total_gpus=8, batch=16, periods=3)
 
 
 

@@ -17,6 +17,7 @@ import difference_rewards  # noqa: E402
 import jax_grpo  # noqa: E402
 import oversight_baselines  # noqa: E402
 import recovery_baselines  # noqa: E402
+import rl_cluster  # noqa: E402
 import trl_multiturn  # noqa: E402
 from common import recipes  # noqa: E402
 
@@ -53,6 +54,21 @@ def test_jax_grpo_tiny(tmp_path):
     curve = json.loads((tmp_path / "jax_grpo.json").read_text())["curve"]
     assert curve[0]["step"] == 0 and all(math.isfinite(c["heldout_reward"]) for c in curve)
     assert (tmp_path / "jax_grpo.png").stat().st_size > 0
+
+
+def test_rl_cluster_tiny(tmp_path):
+    # (every planner is checked in tests/test_rl_cluster.py; the script's run is this pair)
+    s = rl_cluster.main(["--total-gpus", "8", "--batch", "8", "--periods", "2",
+                         "--episodes", "2", "--iterations", "2", "--scenarios", "2",
+                         "--group", "2", "--planners", "learned,libra",
+                         "--out-dir", str(tmp_path)])
+    assert [r["planner"] for r in s["table"]] == ["libra", "learned"]
+    for r in s["table"]:
+        assert r["reward"] > 0 and 0 < r["rollout_share"] <= 1 and r["invalid_fraction"] == 0
+    assert len(s["curve"]) == 2 and all(len(v) == 2 for v in s["per_period"].values())
+    assert s["checks"]["learned_over_libra"] > 0 and s["checks"]["exhaustive_over_libra"] is None
+    assert json.loads((tmp_path / "rl_cluster.json").read_text())["table"] == s["table"]
+    assert (tmp_path / "rl_cluster.png").stat().st_size > 0
 
 
 def test_policy_features_are_finite_on_every_level():

@@ -67,7 +67,7 @@ def test_original_routes_play_every_task_with_plain_httpx(server):
 
     assert get(server + "/health").json()["status"] == "ok"
     ids = {t["task_id"] for t in get(server + "/fleet/tasks").json()}
-    assert set(_ORIGINAL_EPISODES) <= ids and "Fleet-Recovery-v0" in ids
+    assert set(_ORIGINAL_EPISODES) <= ids and {"Fleet-Recovery-v0", "RLCluster-v0"} <= ids
     for task, actions in _ORIGINAL_EPISODES.items():
         r = post(server + "/fleet/reset", json={"task_id": task, "seed": 5})
         assert r.status_code == 200 and r.json()["observation"]["text"]
@@ -89,6 +89,12 @@ def test_original_routes_play_every_task_with_plain_httpx(server):
     out = post(server + "/fleet/step", json={"reply": 'Fine. {"action_type": '
                                                      '"continue_monitoring"}'})
     assert out.status_code == 200 and out.json()["info"]["stage"] == "valid"
+    # RLCluster-v0 is served too: a layout as JSON text is judged by its physics
+    obs = post(server + "/fleet/reset", json={"task_id": "RLCluster-v0", "seed": 1}).json()
+    assert "Period 1 of" in obs["observation"]["text"]
+    out = post(server + "/fleet/step", json={"reply": '{"train_gpus": 16, "train_tp": 2, '
+                                                      '"rollout": {"tp8": 2}}'}).json()
+    assert out["info"]["stage"] == "valid" and out["reward"]["score"] > 0
 
 
 def test_cookie_sessions_never_see_each_other(server):

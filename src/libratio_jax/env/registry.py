@@ -32,7 +32,9 @@ def make(name: str, **overrides) -> tuple[Any, Any]:
     Fleet envs take ``level``, ``bank_size``, ``seed``, ``presets``, ``capacity``, the reward
     (``reward_mode="team" | "difference" | "local"`` or any ``reward_fn``, see
     :mod:`libratio_jax.rewards.functions`), ``reward=RewardParams.make(...)`` and the dynamics
-    of ``env.fleet.DEFAULT_DYNAMICS``; classic envs take ``scenarios`` (preset names)."""
+    of ``env.fleet.DEFAULT_DYNAMICS``; classic envs take ``scenarios`` (preset names);
+    ``RLCluster-v0`` takes ``model``, ``gpu``, ``total_gpus``, ``batch`` and the fields of
+    :class:`~libratio_jax.env.rlcluster.RLClusterParams`."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; registered: {registered_envs()}")
     return _REGISTRY[name](**overrides)
@@ -79,6 +81,16 @@ def _incidents(name: str, module: str, env_cls: str):
     return factory
 
 
+def _rl_cluster(model="Qwen3-8B", gpu: str = "H100-SXM", total_gpus: int = 32,
+                batch: int = 128, **params):
+    """Factory of ``RLCluster-v0`` (``params``: fields of ``RLClusterParams`` by name)."""
+    from libratio_jax.env.rlcluster import RLClusterEnv, make_params
+
+    env = RLClusterEnv(make_params(model, gpu=gpu, total_gpus=total_gpus, **params),
+                       batch=batch)
+    return env, env.default_params
+
+
 def _register_builtin() -> None:
     from libratio_jax.env.classic import (
         ClassicOversightEnv,
@@ -100,6 +112,7 @@ def _register_builtin() -> None:
     register("Fleet-Recovery-v0", _incidents("Fleet-Recovery-v0",
                                              "libratio_jax.env.fleet.recovery",
                                              "FleetRecoveryEnv"))
+    register("RLCluster-v0", _rl_cluster)
 
 
 _register_builtin()

@@ -178,13 +178,7 @@ def estimate_throughput(model: Any, *, gpu: str = DEFAULT_GPU, mode: str = "trai
         model, mode, batch, seq_len, weights, optimizer, optimizer_state, autocast, gpus, tp,
         pp, zero_stage, kv_precision, micro_batch)
     g = gpu_spec(gpu)
-    pool = {
-        "peak_flops": np.asarray(g.peak_flops, np.float32),
-        "hbm_bytes_per_second": np.float32(g.hbm_bytes_per_second),
-        "nvlink_bytes_per_second": np.float32(g.nvlink_bytes_per_second),
-        "network_bytes_per_second": np.float32(g.network_bytes_per_second),
-        "gpus_per_node": np.int32(g.gpus_per_node),
-    }
+    pool = g.pool_scalars()
     prec = np.full(spec.capacity, c_fmt, np.int32)
     w_fmt = F.format_id(weights)
     storage = float(F.STORAGE_BYTES[w_fmt]) if w_fmt != c_fmt else None

@@ -48,6 +48,18 @@ class GpuSpec:
     thermal_resistance_celsius_per_watt: float
     price_per_gpu_hour: float
 
+    def pool_scalars(self) -> dict:
+        """The scalars :func:`~libratio_jax.physics.throughput.tenant_step_time` reads as
+        ``pool`` (NumPy; ``peak_flops[C]``, bandwidths, ``gpus_per_node``), plus ``hbm_bytes``."""
+        return {
+            "peak_flops": np.asarray(self.peak_flops, np.float32),
+            "hbm_bytes": np.float32(self.hbm_bytes),
+            "hbm_bytes_per_second": np.float32(self.hbm_bytes_per_second),
+            "nvlink_bytes_per_second": np.float32(self.nvlink_bytes_per_second),
+            "network_bytes_per_second": np.float32(self.network_bytes_per_second),
+            "gpus_per_node": np.int32(self.gpus_per_node),
+        }
+
 
 # Measured on one H100 SXM (docs/measurements.md): steady-state die temperature rise
 # 0.054 °C/W in that chassis; CUDA context alive at full clocks and 0% load draws 117-121 W.

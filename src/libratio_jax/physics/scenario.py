@@ -84,6 +84,15 @@ class Workload:
             slo_tokens_per_second=jnp.float32(slo_tokens_per_second),
         )
 
+    @classmethod
+    def arrays(cls, mode: int, batch, seq_len, optimizer: int = 0) -> Workload:
+        """A workload of (possibly traced) arrays, unvalidated: for code under ``jit`` that
+        derives batch and length from other arrays (e.g. a rollout's mean length)."""
+        f = jnp.float32
+        return cls(mode=jnp.int32(mode), batch=jnp.asarray(batch, f),
+                   seq_len=jnp.asarray(seq_len, f), optimizer=jnp.int32(optimizer),
+                   priority=f(1.0), slo_tokens_per_second=f(0.0))
+
 
 @dataclasses.dataclass(frozen=True)
 class Tenant:

@@ -187,7 +187,7 @@ class Hub:
 
     def batcher(self, env_name: str) -> TaskBatcher:
         if env_name not in self._batchers:
-            kw = {} if env_name.startswith("Classic-") else self._overrides
+            kw = self._overrides if env_name.startswith("Fleet-") else {}
             self._batchers[env_name] = TaskBatcher(env_name, self.capacity,
                                                    window_seconds=self.window_seconds,
                                                    overrides=kw)

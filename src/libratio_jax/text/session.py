@@ -47,6 +47,7 @@ from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
+from libratio_jax.env.rlcluster import RLClusterEnv
 from libratio_jax.text import classic_tasks as CT
 from libratio_jax.text.fleet_task import (
     SESSION_SYSTEM_PROMPT,
@@ -54,6 +55,7 @@ from libratio_jax.text.fleet_task import (
     FleetTextTask,
 )
 from libratio_jax.text.recovery_task import FleetRecoveryTextTask
+from libratio_jax.text.rl_cluster_task import RLClusterTextTask
 from libratio_jax.text.task import VALID, Reading, TextTask
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
@@ -68,6 +70,7 @@ TEXT_TASKS: tuple[tuple[type, type[TextTask]], ...] = (
     (ClassicResourceEnv, CT.ResourceTextTask),
     (ClassicOversightEnv, CT.OversightTextTask),
     (ClassicRecoveryEnv, CT.RecoveryTextTask),
+    (RLClusterEnv, RLClusterTextTask),
 )
 
 

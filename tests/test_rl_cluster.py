@@ -1,0 +1,282 @@
+"""RLCluster-v0 and its rollout physics: Libra's capacity formula, the scheduler against a
+plain-Python reference, the period's time rules, the planners' invariants, drift."""
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import libratio_jax as lj
+from libratio_jax.agents import rl_cluster as P
+from libratio_jax.env.rlcluster import (
+    RLClusterAction,
+    draw_trajectories,
+    period_outcome,
+    safe_layouts,
+)
+from libratio_jax.env.rlcluster.env import draw_scenario
+from libratio_jax.physics import rollout as R
+from libratio_jax.physics.architecture import load_config_dict
+from libratio_jax.physics.hardware import gpu_spec
+from libratio_jax.physics.memory import CUDA_CONTEXT_BYTES
+
+SMALL = dict(total_gpus=8, batch=16, periods=3)
+
+
+@functools.cache
+def _small():
+    return lj.make("RLCluster-v0", **SMALL)
+
+
+def test_token_capacity_is_libras_formula():
+    """N_max = 0.96 (tp (HBM - context) - weights - 1 GB) / s_kv, s_kv = 2 L kv_heads d 2 B,
+    computed here from the config file alone."""
+    cfg = load_config_dict("Qwen3-8B")
+    _, params = _small()
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    s_kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    weights = float(R.weight_bytes(params.model))
+    hbm = gpu_spec("H100-SXM").hbm_bytes
+    costs = R.instance_costs(params.model, params.pool, jnp.array([1, 2, 4, 8]), 1000.0, 4000.0)
+    for tp, cap, batch in zip((1, 2, 4, 8), np.asarray(costs.token_capacity),
+                              np.asarray(costs.batch), strict=True):
+        want = 0.96 * (tp * (hbm - CUDA_CONTEXT_BYTES) - weights - 1e9) / s_kv
+        assert cap == pytest.approx(want, rel=1e-5)
+        assert batch == pytest.approx(min(max(want / (1000 + 4000 / 2), 1), 256), rel=1e-5)
+    # decode: linear from one sequence to the steady batch, saturated beyond
+    step = np.asarray(jax.vmap(lambda r: R.decode_step_seconds(costs, r))(
+        jnp.array([1.0, 2.0, 300.0, 1e4])))
+    np.testing.assert_allclose(step[0], costs.decode_single_seconds, rtol=1e-6)
+    np.testing.assert_allclose(step[2], costs.decode_batch_seconds, rtol=1e-6)
+    np.testing.assert_allclose(step[3], step[2], rtol=1e-6)
+    assert np.all(step[1] >= step[0]) and np.all(costs.decode_batch_seconds
+                                                 > costs.decode_single_seconds)
+    assert np.all(np.diff(np.asarray(costs.prefill_seconds_per_token)) < 0)  # tp speeds it
+
+
+def _reference(costs, prompt, gen_est, wait_est, fit, order, kind, active, rule):
+    """Plain-Python scheduler: the same rules, one trajectory at a time."""
+    c = {f: np.asarray(getattr(costs, f), np.float64) for f in (
+        "batch", "prefill_seconds_per_token", "decode_single_seconds", "decode_batch_seconds")}
+
+    def time_of(k, count, pre, gsum, lfix, lgen):
+        b = min(max(count, 1.0), c["batch"][k])
+        slope = (c["decode_batch_seconds"][k] - c["decode_single_seconds"][k]) / max(
+            c["batch"][k] - 1.0, 1e-6)
+        step = c["decode_single_seconds"][k] + slope * (b - 1.0)
+        return max(pre + gsum * step / b, lfix + lgen * step), step, b
+
+    n_inst = len(kind)
+    state = [[0.0, 0.0, 0.0, 0.0, 0.0] for _ in range(n_inst)]
+    slot = [-1] * len(order)
+    for n in order:
+        best, best_score = -1, math.inf
+        for i in range(n_inst):
+            k = kind[i]
+            if not (active[i] and fit[n][k]):
+                continue
+            cnt, pre, gsum, lfix, lgen = state[i]
+            p = prompt[n] * c["prefill_seconds_per_token"][k]
+            if rule == R.LEAST_CONNECTIONS:
+                score = cnt + i / (n_inst + 1.0)
+            else:
+                score = time_of(k, cnt + 1, pre + p, gsum + gen_est[n],
+                                max(lfix, p + wait_est[n]), max(lgen, gen_est[n]))[0]
+            if score < best_score:
+                best, best_score = i, score
+        if best >= 0:
+            k = kind[best]
+            p = prompt[n] * c["prefill_seconds_per_token"][k]
+            s = state[best]
+            state[best] = [s[0] + 1, s[1] + p, s[2] + gen_est[n], max(s[3], p + wait_est[n]),
+                           max(s[4], gen_est[n])]
+        slot[n] = best
+    return slot
+
+
+def _instance_reference(costs, slot, prompt, gen, wait, kind, spread):
+    out = []
+    for i in range(len(kind)):
+        mine = [n for n in range(len(slot)) if slot[n] == i]
+        if not mine:
+            out.append(0.0)
+            continue
+        k = kind[i]
+        count = len(mine)
+        b = min(count, float(costs.batch[k]))
+        slope = (float(costs.decode_batch_seconds[k]) - float(costs.decode_single_seconds[k])) / (
+            max(float(costs.batch[k]) - 1.0, 1e-6))
+        step = float(costs.decode_single_seconds[k]) + slope * (max(b, 1.0) - 1.0)
+        pre = [prompt[n] * float(costs.prefill_seconds_per_token[k]) for n in mine]
+        busy = sum(pre) + sum(gen[n] for n in mine) * step / max(b, 1.0)
+        longest = max(p + gen[n] * step + wait[n] for p, n in zip(pre, mine, strict=True))
+        out.append(max(busy, longest / spread))
+    return out
+
+
+@pytest.mark.parametrize("rule", [R.LEAST_CONNECTIONS, R.EARLIEST_FINISH])
+def test_scheduler_matches_plain_python(rule):
+    _, params = _small()
+    rng = np.random.default_rng(rule)
+    n = 24
+    prompt = rng.integers(100, 3000, n).astype(np.float32)
+    gen = np.floor(np.exp(rng.normal(7.5, 1.0, n))).astype(np.float32)
+    wait = rng.uniform(0.3, 5.0, n).astype(np.float32)
+    gen_est = (gen * np.exp(rng.normal(0, 0.3, n))).astype(np.float32)
+    costs = R.instance_costs(params.model, params.pool, jnp.array([1, 2, 4, 8]),
+                             prompt.mean(), gen.mean())
+    kind = np.array([0, 0, 1, 3, 2, 0], np.int32)
+    active = np.array([True, True, True, True, False, True])
+    fit = np.asarray(R.fits(costs, prompt, gen)).copy()
+    fit[3, :] = False  # one trajectory fits nowhere
+    fit[5, 0] = False  # one fits only the larger instances
+    order = np.argsort(-gen_est) if rule == R.EARLIEST_FINISH else np.arange(n)
+    slot = np.asarray(jax.jit(R.assign)(costs, prompt, gen_est, wait, fit, order, kind, active,
+                                        rule))
+    want = _reference(costs, prompt, gen_est, wait, fit.tolist(), order.tolist(),
+                      kind.tolist(), active.tolist(), rule)
+    assert slot.tolist() == want
+    assert slot[3] == -1 and slot[5] != -1 and kind[slot[5]] != 0
+    seconds = np.asarray(R.instance_seconds(costs, jnp.asarray(slot), prompt, gen, wait,
+                                            jnp.asarray(kind), 2.0))
+    ref = _instance_reference(jax.tree.map(np.asarray, costs), want, prompt.tolist(),
+                              gen.tolist(), wait.tolist(), kind.tolist(), 2.0)
+    np.testing.assert_allclose(seconds, ref, rtol=2e-5)
+
+
+def test_period_rules():
+    """Synchronous steps add, asynchronous ones overlap; staleness spreads the tail; a move
+    costs the reconfiguration (and the join when training grows); out of memory floors."""
+    env, params = _small()
+    traj = draw_trajectories(jax.random.PRNGKey(0), params, draw_scenario(
+        jax.random.PRNGKey(1), params), 0, env.batch)
+    outcome = jax.jit(period_outcome)
+    safe = np.flatnonzero(np.asarray(safe_layouts(params)))
+    k = int(safe[0])
+    sync = outcome(params.replace(staleness=jnp.int32(0)), traj, k, 0, -1)
+    one = outcome(params, traj, k, 0, -1)
+    two = outcome(params.replace(staleness=jnp.int32(2)), traj, k, 0, -1)
+    assert float(sync.step_seconds) == pytest.approx(
+        float(sync.train_seconds + sync.rollout_seconds + sync.sync_seconds), rel=1e-6)
+    assert float(one.step_seconds) == pytest.approx(
+        max(float(one.train_seconds), float(one.rollout_seconds)) + float(one.sync_seconds),
+        rel=1e-6)
+    assert float(two.rollout_seconds) <= float(one.rollout_seconds)
+    for out, s in ((sync, 0), (one, 1), (two, 2)):  # trajectories/s, less the staleness
+        assert float(out.reward) == pytest.approx(
+            float(out.trajectories_per_second) * (1 - float(params.staleness_penalty) * s))
+        assert float(out.trajectories_per_second) == pytest.approx(
+            env.batch * float(params.steps_per_period) / float(out.period_seconds))
+    lay = params.layouts
+    grow = next(j for j in safe if lay.train_gpus[j] > lay.train_gpus[k])
+    stay = outcome(params, traj, k, 0, k)
+    moved = outcome(params, traj, k, 0, int(grow))
+    grew = outcome(params, traj, int(grow), 0, k)
+    assert float(stay.reconfig_seconds) == 0.0
+    assert float(moved.reconfig_seconds) == pytest.approx(float(params.reconfig_seconds))
+    assert float(grew.reconfig_seconds) == pytest.approx(
+        float(params.reconfig_seconds + params.join_seconds))
+    # Training on one GPU with 30 k-token trajectories does not fit an H100.
+    long = traj.replace(generated_tokens=jnp.full_like(traj.generated_tokens, 28_000.0))
+    tiny = int(np.flatnonzero(np.asarray(lay.train_gpus) == 1)[0])
+    oom = outcome(params, long, tiny, 0, -1)
+    assert bool(oom.rules[1]) and float(oom.reward) == 0.0
+    assert not bool(np.asarray(safe_layouts(params))[tiny])
+
+
+def test_env_flags_out_of_range_actions_and_keeps_finite_state():
+    env, params = _small()
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    step = jax.jit(env.step)
+    for layout, scheduler in ((-1, 0), (params.layouts.count, 0), (0, 3), (2**31 - 1, -5)):
+        _, s2, r, _, _, info = step(jax.random.PRNGKey(1), state, RLClusterAction(
+            layout=jnp.int32(layout), scheduler=jnp.int32(scheduler)), params)
+        assert not bool(info["valid"]) and bool(info["rules"][0]) and float(r) == 0.0
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(s2)
+                   if np.issubdtype(np.asarray(x).dtype, np.floating))
+
+
+def test_planners_invariants():
+    """Libra and best-static choose safe layouts (Libra leaves an unsafe one); on the same
+    state the exhaustive planner earns at least what the others' choices earn."""
+    env, params = _small()
+    safe = np.asarray(safe_layouts(params))
+    unsafe = int(np.flatnonzero(~safe)[0])
+    planners = [P.static(unsafe), P.libra(params, P.FIFO)]
+    exhaustive = P.exhaustive(params)
+
+    @jax.jit
+    def compare(key):
+        k1, k2 = jax.random.split(key)
+        obs, state = env.reset(k1, params)
+        first = P.best_static(params)(None, obs, state).layout
+        _, state, *_ = env.step(k2, state, P.static(unsafe)(None, obs, state), params)
+        best = exhaustive(None, obs, state)
+        top = period_outcome(params, state.upcoming, best.layout, best.scheduler, state.layout)
+        acts = [p(None, obs, state) for p in planners]
+        rewards = jnp.stack([period_outcome(params, state.upcoming, a.layout, a.scheduler,
+                                            state.layout).reward for a in acts])
+        return top.reward, rewards, first, acts[1].layout
+
+    for seed in range(3):
+        top, rewards, first, libra = jax.tree.map(np.asarray, compare(jax.random.PRNGKey(seed)))
+        assert np.all(top >= rewards - 1e-6) and top > 0
+        assert safe[first] and safe[libra]
+
+
+def test_lengths_drift_up():
+    env, params = _small()
+    params = params.replace(drift_range=jnp.array([1.0, 1.0]),
+                            tail_drift_range=jnp.array([0.0, 0.0]))
+    sc = draw_scenario(jax.random.PRNGKey(0), params)
+    first = draw_trajectories(jax.random.PRNGKey(1), params, sc, 0, 4096)
+    last = draw_trajectories(jax.random.PRNGKey(1), params, sc, 3, 4096)
+    # log-mean +1 (x e), before truncation at the context limit
+    ratio = float(jnp.median(last.generated_tokens) / jnp.median(first.generated_tokens))
+    assert 2.0 < ratio < 3.0
+    assert float(jnp.max(last.prompt_tokens + last.turns * params.tool_output_tokens
+                         + last.generated_tokens)) <= float(params.max_tokens)
+
+
+def test_make_params_names_bad_fields():
+    with pytest.raises(ValueError, match="unknown RLCluster parameter"):
+        lj.make("RLCluster-v0", total_gpus=8, no_such_field=1)
+    with pytest.raises(ValueError, match="drift_range"):
+        lj.make("RLCluster-v0", total_gpus=8, drift_range=(1.0, 0.0))
+    with pytest.raises(ValueError, match="staleness"):
+        lj.make("RLCluster-v0", total_gpus=8, staleness=1.5)
+    with pytest.raises(ValueError, match="total_gpus"):
+        lj.make("RLCluster-v0", total_gpus=1)
+    with pytest.raises(ValueError, match="periods"):
+        lj.make("RLCluster-v0", total_gpus=8, periods=float("nan"))
+
+
+def test_text_session_reads_layouts_and_keeps_the_layout_on_bad_replies():
+    from libratio_jax.text import rl_cluster_task as RT
+    from libratio_jax.text.session import TextSession
+
+    env, params = _small()
+    lay = params.layouts
+    for k in (0, 7, lay.count - 1):  # every layout can be named and is read back
+        a = RT.layout_action(json.loads(RT.answer_of(lay, k, "predicted")), lay)
+        assert int(a.layout) == k and int(a.scheduler) == P.PREDICTED
+    s = TextSession(env, params=params, seed=3)
+    assert "Period 1 of 3" in s.reset()
+    k = int(np.flatnonzero(np.asarray(safe_layouts(params)))[0])
+    r = s.step("Plan: " + RT.answer_of(lay, k))
+    assert r.info["stage"] == "valid" and r.reward > 0 and "trajectories/s" in r.feedback
+    assert int(s.pool.state(0).layout) == k
+    for reply, why in (("no idea", "no_json"), (None, "no_json"),
+                       ('{"train_gpus": 3.5, "rollout": {"tp1": 4}}', "train_gpus"),
+                       ('{"train_gpus": 4, "rollout": {"tp3": 4}}', "tp3"),
+                       ('{"train_gpus": 4, "rollout": {"tp1": 3}}', "no layout")):
+        s.reset()
+        s.step(RT.answer_of(lay, k))
+        r = s.step(reply)
+        assert r.reward == 0.0 and r.info["rules"] == ["invalid_action"]
+        assert why in r.info["stage"] + r.info["reason"] and "keeps its layout" in r.feedback
+        assert int(s.pool.state(0).layout) == k
