@@ -41,15 +41,16 @@ def test_token_capacity_is_libras_formula():
     s_kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
     weights = float(R.weight_bytes(params.model))
     hbm = gpu_spec("H100-SXM").hbm_bytes
-    costs = R.instance_costs(params.model, params.pool, jnp.array([1, 2, 4, 8]), 1000.0, 4000.0)
+    costs = jax.jit(R.instance_costs)(params.model, params.pool, jnp.array([1, 2, 4, 8]),
+                                      1000.0, 4000.0)
     for tp, cap, batch in zip((1, 2, 4, 8), np.asarray(costs.token_capacity),
                               np.asarray(costs.batch), strict=True):
         want = 0.96 * (tp * (hbm - CUDA_CONTEXT_BYTES) - weights - 1e9) / s_kv
         assert cap == pytest.approx(want, rel=1e-5)
         assert batch == pytest.approx(min(max(want / (1000 + 4000 / 2), 1), 256), rel=1e-5)
     # decode: linear from one sequence to the steady batch, saturated beyond
-    step = np.asarray(jax.vmap(lambda r: R.decode_step_seconds(costs, r))(
-        jnp.array([1.0, 2.0, 300.0, 1e4])))
+    step = np.asarray(R.decode_step_seconds(costs, jnp.array([[1.0], [2.0], [300.0],
+                                                             [1e4]])))
     np.testing.assert_allclose(step[0], costs.decode_single_seconds, rtol=1e-6)
     np.testing.assert_allclose(step[2], costs.decode_batch_seconds, rtol=1e-6)
     np.testing.assert_allclose(step[3], step[2], rtol=1e-6)
