@@ -250,8 +250,12 @@ def test_make_params_names_bad_fields():
         lj.make("RLCluster-v0", total_gpus=8, drift_range=(1.0, 0.0))
     with pytest.raises(ValueError, match="staleness"):
         lj.make("RLCluster-v0", total_gpus=8, staleness=1.5)
-    with pytest.raises(ValueError, match="total_gpus"):
-        lj.make("RLCluster-v0", total_gpus=1)
+    for bad in (1, 10**6, 8.5, True):
+        with pytest.raises(ValueError, match="total_gpus"):
+            lj.make("RLCluster-v0", total_gpus=bad)
+    for bad in (1, 10**9, "16"):
+        with pytest.raises(ValueError, match="batch"):
+            lj.make("RLCluster-v0", total_gpus=8, batch=bad)
     with pytest.raises(ValueError, match="periods"):
         lj.make("RLCluster-v0", total_gpus=8, periods=float("nan"))
 
@@ -274,7 +278,9 @@ def test_text_session_reads_layouts_and_keeps_the_layout_on_bad_replies():
     for reply, why in (("no idea", "no_json"), (None, "no_json"),
                        ('{"train_gpus": 3.5, "rollout": {"tp1": 4}}', "train_gpus"),
                        ('{"train_gpus": 4, "rollout": {"tp3": 4}}', "tp3"),
-                       ('{"train_gpus": 4, "rollout": {"tp1": 3}}', "no layout")):
+                       ('{"train_gpus": 4, "rollout": {"tp1": 3}}', "no layout"),
+                       ('{"train_gpus": 4, "rollout": {"tp1": 4096, " tp1": 1}}',
+                        "more than 4096")):
         s.reset()
         s.step(RT.answer_of(lay, k))
         r = s.step(reply)

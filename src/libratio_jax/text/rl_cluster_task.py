@@ -30,6 +30,9 @@ def answer_of(layouts, k: int, scheduler: str = "fifo") -> str:
             f'"rollout": {{{rollout}}}, "scheduler": "{scheduler}"}}')
 
 
+MAX_INSTANCES = 4096  # an answer naming more is refused before any work
+
+
 def _int(v, field: str) -> int:
     if (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v
             or abs(v) > 2**31 or v != int(v)):
@@ -47,11 +50,11 @@ def _rollout_tps(value) -> tuple[int, ...]:
                 raise ValueError(f"rollout: {key!r} is not one of "
                                  + ", ".join(f"tp{t}" for t in TP_CHOICES))
             n = _int(count, f"rollout.{key}")
-            if not 0 <= n <= 4096:
-                raise ValueError(f"rollout.{key}: {n} instances is out of range")
+            if not 0 <= n <= MAX_INSTANCES - len(out):
+                raise ValueError(f"rollout: more than {MAX_INSTANCES} instances")
             out += [int(name)] * n
         return tuple(out)
-    if isinstance(value, list) and len(value) <= 4096:
+    if isinstance(value, list) and len(value) <= MAX_INSTANCES:
         return tuple(_int(t, "rollout[]") for t in value)
     raise ValueError('rollout must be an object such as {"tp1": 8, "tp8": 1}')
 

@@ -73,6 +73,7 @@ from libratio_jax.physics.throughput import tenant_step_time
 SCHEDULERS: tuple[str, ...] = ("fifo", "prompt_aware", "predicted", "oracle")
 AGENT_SCHEDULERS = 3  # an action picks one of the first three; "oracle" is an upper bound
 MAX_STALENESS = 8
+MAX_BATCH = 1 << 16  # trajectories per RL step (static: arrays of this length per period)
 RULE_NAMES: tuple[str, ...] = ("invalid_action", "train_out_of_memory", "rollout_out_of_memory")
 OBS_DIM = 12
 _TPS = np.asarray(R.TP_CHOICES, np.int32)
@@ -382,8 +383,10 @@ class RLClusterEnv(Environment):
 
     def __init__(self, params: RLClusterParams, *, batch: int = 128,
                  name: str = "RLCluster-v0"):
-        if int(batch) < 2:
-            raise ValueError(f"batch must be at least 2 trajectories, got {batch}")
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not (
+                2 <= batch <= MAX_BATCH):
+            raise ValueError(f"batch must be an integer in [2, {MAX_BATCH}] trajectories per "
+                             f"step, got {batch!r}")
         self.batch = int(batch)
         self.name = name
         self._params = params

@@ -24,6 +24,7 @@ from flax import struct
 from libratio_jax.physics.rollout import TP_CHOICES
 
 TRAIN_PP_CHOICES: tuple[int, ...] = (1, 2, 4)
+MAX_TOTAL_GPUS = 1024  # the layout table is [K, I] with I up to total_gpus instance slots
 
 
 @struct.dataclass
@@ -73,10 +74,12 @@ def _rollout_partitions(gpus: int, tps: list[int]) -> list[list[int]]:
 def enumerate_layouts(total_gpus: int, *, n_blocks: int, n_heads: int,
                       n_kv_heads: int) -> Layouts:
     """Every layout of ``total_gpus`` GPUs for a model with these block and head counts.
-    Raises ValueError when ``total_gpus`` < 2 (one GPU cannot both train and roll out)."""
+    Raises ValueError naming ``total_gpus`` outside [2, :data:`MAX_TOTAL_GPUS`]."""
+    if isinstance(total_gpus, bool) or not isinstance(total_gpus, (int, np.integer)) or not (
+            2 <= total_gpus <= MAX_TOTAL_GPUS):
+        raise ValueError(f"total_gpus must be an integer in [2, {MAX_TOTAL_GPUS}] (one GPU "
+                         f"cannot both train and roll out), got {total_gpus!r}")
     total_gpus = int(total_gpus)
-    if total_gpus < 2:
-        raise ValueError(f"total_gpus must be at least 2, got {total_gpus}")
     tps = [t for t in TP_CHOICES if n_heads % t == 0 and n_kv_heads % t == 0]
     step = max(1, total_gpus // 8)
     rows, kinds = [], []
@@ -116,4 +119,4 @@ def layout_index(layouts: Layouts, *, train_gpus: int, train_tp: int, train_pp: 
                      f"train_pp={train_pp}, rollout_tps={rollout_tps}")
 
 
-__all__ = ["TRAIN_PP_CHOICES", "Layouts", "enumerate_layouts", "layout_index"]
+__all__ = ["MAX_TOTAL_GPUS", "TRAIN_PP_CHOICES", "Layouts", "enumerate_layouts", "layout_index"]
