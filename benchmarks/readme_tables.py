@@ -236,6 +236,16 @@ def rl_cluster_checks() -> str:
     return _table(("check", "ours", "published / goal"), rows)
 
 
+def rl_cluster_service() -> str:
+    d = _load(EXPER, "rl_cluster.json")
+    if d is None or "service" not in d:
+        return "(no experiments/results/rl_cluster.json with the service simulation yet)\n"
+    rows = [(r["backends"], r["in_flight_per_backend"], f"{r['trajectories_per_second']:.3g}",
+             f"{100 * r['gpu_utilization']:.1f}%") for r in d["service"]["rows"]]
+    return _table(("backends", "trajectories in flight per backend", "trajectories/s",
+                   "GPU utilization"), rows)
+
+
 def eval_baselines() -> str:
     d = _load(EXPER, "eval_baselines.json")
     if d is None:
@@ -248,7 +258,7 @@ TABLES = {f.__name__.replace("_", "-"): f for f in (
     evaluate_single_call, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
     oversight_baselines, recovery_baselines, eval_baselines, server_load, rl_cluster,
-    rl_cluster_checks)}
+    rl_cluster_checks, rl_cluster_service)}
 # The files whose marked tables are generated (the README and the docs that show results).
 DOCUMENTS = (README, os.path.join(ROOT, "docs", "rl_cluster.md"))
 

@@ -19,7 +19,11 @@ the same keys (so the same trajectories: the advantage is the policy's), the ret
 episode's summed reward. It is evaluated by its most likely action on ``--episodes``
 held-out episodes (keys never used in training), the same episodes as every baseline.
 
-Writes ``rl_cluster.json`` (the table, the published-shape checks, the learning curve) and
+It also simulates ProRL Agent's rollout service (``env.rlcluster.service``): GPU utilization
+with one trajectory at a time and with many in flight, and throughput as backends are added.
+
+Writes ``rl_cluster.json`` (the table, the published-shape checks, the service simulation,
+the learning curve) and
 ``rl_cluster.png`` (trajectories/s per period as lengths drift) to ``runs/experiments/``, or to
 ``experiments/results/`` with ``--save-results``.
 """
@@ -51,6 +55,7 @@ from libratio_jax.env.rlcluster import (  # noqa: E402
     layout_index,
     safe_layouts,
 )
+from libratio_jax.env.rlcluster.service import backend_costs, simulate_service  # noqa: E402
 
 TRAIN_SEED, EVAL_SEED = 0, 10_000
 PLANNERS = ("static_half", "best_static", "libra", "libra_fifo", "learned", "exhaustive")
@@ -157,6 +162,24 @@ def train_planner(env, params, *, iterations: int, scenarios: int, group: int, l
     return greedy(weights), curve
 
 
+def service_shape(model: str) -> dict:
+    """ProRL Agent's rollout service, simulated (``env.rlcluster.service``): GPU utilization
+    one trajectory at a time and with more in flight per backend, and throughput as backends
+    are added (256 trajectories in flight per backend)."""
+    costs = backend_costs(model)
+    alone = simulate_service(backends=1, in_flight=1, trajectories=16, costs=costs)
+    rows = [{"backends": 1, "in_flight_per_backend": 1,
+             "trajectories_per_second": round(alone.trajectories_per_second, 4),
+             "gpu_utilization": round(alone.gpu_utilization, 4)}]
+    for backends, per in ((1, 16), (1, 64), (1, 256), (2, 256), (4, 256), (8, 256)):
+        r = simulate_service(backends=backends, in_flight=per * backends,
+                             trajectories=max(256, per) * backends, costs=costs)
+        rows.append({"backends": backends, "in_flight_per_backend": per,
+                     "trajectories_per_second": round(r.trajectories_per_second, 3),
+                     "gpu_utilization": round(r.gpu_utilization, 4)})
+    return {"model": model, "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -230,6 +253,7 @@ def main(argv=None) -> dict:
         "learned_over_libra_fifo": ratio("learned", "libra_fifo"),
         "exhaustive_over_libra": ratio("exhaustive", "libra"),
     }
+    service = service_shape(args.model)
     summary = {
         "experiment": "rl_cluster", "env": env.name, "model": args.model,
         "total_gpus": args.total_gpus, "batch": args.batch, "periods": args.periods,
@@ -237,7 +261,7 @@ def main(argv=None) -> dict:
         "scenarios": args.scenarios, "group": args.group, "eval_seed": EVAL_SEED,
         "device_kind": jax.devices()[0].device_kind,
         "wall_seconds": round(time.perf_counter() - t0, 1),
-        "table": rows, "checks": checks, "curve": [round(c, 4) for c in curve],
+        "table": rows, "checks": checks, "service": service, "curve": [round(c, 4) for c in curve],
         "per_period": {k: [round(float(x), 4) for x in v] for k, v in per_period.items()},
     }
     path = save_json(result_path("rl_cluster", "json", out_dir), summary)

@@ -67,6 +67,8 @@ def test_rl_cluster_tiny(tmp_path):
         assert r["reward"] > 0 and 0 < r["rollout_share"] <= 1 and r["invalid_fraction"] == 0
     assert len(s["curve"]) == 2 and all(len(v) == 2 for v in s["per_period"].values())
     assert s["checks"]["learned_over_libra"] > 0 and s["checks"]["exhaustive_over_libra"] is None
+    service = s["service"]["rows"]
+    assert service[0]["gpu_utilization"] < 0.02 < service[-1]["gpu_utilization"] <= 1.0
     assert json.loads((tmp_path / "rl_cluster.json").read_text())["table"] == s["table"]
     assert (tmp_path / "rl_cluster.png").stat().st_size > 0
 

@@ -287,3 +287,24 @@ def test_text_session_reads_layouts_and_keeps_the_layout_on_bad_replies():
         assert r.reward == 0.0 and r.info["rules"] == ["invalid_action"]
         assert why in r.info["stage"] + r.info["reason"] and "keeps its layout" in r.feedback
         assert int(s.pool.state(0).layout) == k
+
+
+def test_rollout_service_has_prorls_shape():
+    """One trajectory at a time leaves the GPU ~1% busy; pipelining many keeps it busy;
+    throughput grows near-linearly with backends; the least-loaded choice spreads the work."""
+    from libratio_jax.env.rlcluster.service import backend_costs, simulate_service
+
+    costs = backend_costs("Qwen3-8B")
+    alone = simulate_service(backends=1, in_flight=1, trajectories=8, costs=costs)
+    assert alone.gpu_utilization < 0.02
+    rates = []
+    for b in (1, 2, 4):
+        r = simulate_service(backends=b, trajectories=128 * b, in_flight=128 * b, costs=costs)
+        assert r.gpu_utilization > 0.5 and max(r.tasks_per_backend) - min(
+            r.tasks_per_backend) <= 1
+        rates.append(r.trajectories_per_second)
+    assert rates[2] / rates[0] > 3.6 and rates[0] > 20 * alone.trajectories_per_second
+    again = simulate_service(backends=1, in_flight=1, trajectories=8, costs=costs)
+    assert again == alone
+    with pytest.raises(ValueError, match="backends"):
+        simulate_service(backends=0, costs=costs)
