@@ -57,16 +57,16 @@ def test_jax_grpo_tiny(tmp_path):
 
 
 def test_rl_cluster_tiny(tmp_path):
-    # (every planner is checked in tests/test_rl_cluster.py; the script's run is this pair)
+    # (every planner is checked in tests/test_rl_cluster.py; here the script's own path)
     s = rl_cluster.main(["--total-gpus", "8", "--batch", "8", "--periods", "2",
                          "--episodes", "2", "--iterations", "2", "--scenarios", "2",
-                         "--group", "2", "--planners", "learned,libra",
+                         "--group", "2", "--planners", "learned",
                          "--out-dir", str(tmp_path)])
-    assert [r["planner"] for r in s["table"]] == ["libra", "learned"]
+    assert [r["planner"] for r in s["table"]] == ["learned"]
     for r in s["table"]:
         assert r["reward"] > 0 and 0 < r["rollout_share"] <= 1 and r["invalid_fraction"] == 0
     assert len(s["curve"]) == 2 and all(len(v) == 2 for v in s["per_period"].values())
-    assert s["checks"]["learned_over_libra"] > 0 and s["checks"]["exhaustive_over_libra"] is None
+    assert s["checks"]["learned_over_libra"] is None  # (Libra was not asked for)
     service = s["service"]["rows"]
     assert service[0]["gpu_utilization"] < 0.02 < service[-1]["gpu_utilization"] <= 1.0
     assert json.loads((tmp_path / "rl_cluster.json").read_text())["table"] == s["table"]

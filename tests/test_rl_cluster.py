@@ -128,8 +128,8 @@ def test_scheduler_matches_plain_python(rule):
     gen = np.floor(np.exp(rng.normal(7.5, 1.0, n))).astype(np.float32)
     wait = rng.uniform(0.3, 5.0, n).astype(np.float32)
     gen_est = (gen * np.exp(rng.normal(0, 0.3, n))).astype(np.float32)
-    costs = R.instance_costs(params.model, params.pool, jnp.array([1, 2, 4, 8]),
-                             prompt.mean(), gen.mean())
+    costs = jax.jit(R.instance_costs)(params.model, params.pool, jnp.array([1, 2, 4, 8]),
+                                      prompt.mean(), gen.mean())
     kind = np.array([0, 0, 1, 3, 2, 0], np.int32)
     active = np.array([True, True, True, True, False, True])
     fit = np.asarray(R.fits(costs, prompt, gen)).copy()
@@ -189,18 +189,6 @@ def test_period_rules():
     assert not bool(np.asarray(safe_layouts(params))[tiny])
 
 
-def test_env_flags_out_of_range_actions_and_keeps_finite_state():
-    env, params = _small()
-    obs, state = env.reset(jax.random.PRNGKey(0), params)
-    step = jax.jit(env.step)
-    for layout, scheduler in ((-1, 0), (params.layouts.count, 0), (0, 3), (2**31 - 1, -5)):
-        _, s2, r, _, _, info = step(jax.random.PRNGKey(1), state, RLClusterAction(
-            layout=jnp.int32(layout), scheduler=jnp.int32(scheduler)), params)
-        assert not bool(info["valid"]) and bool(info["rules"][0]) and float(r) == 0.0
-        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(s2)
-                   if np.issubdtype(np.asarray(x).dtype, np.floating))
-
-
 def test_planners_invariants():
     """Libra and best-static choose safe layouts (Libra leaves an unsafe one); on the same
     state the exhaustive planner earns at least what the others' choices earn."""
@@ -221,12 +209,23 @@ def test_planners_invariants():
         acts = [p(None, obs, state) for p in planners]
         rewards = jnp.stack([period_outcome(params, state.upcoming, a.layout, a.scheduler,
                                             state.layout).reward for a in acts])
-        return top.reward, rewards, first, acts[1].layout
+        # actions out of range deploy nothing, score 0 and keep the state finite
+        bad = jax.vmap(lambda lay, sch: env.step(k2, state, RLClusterAction(
+            layout=lay, scheduler=sch), params))(
+            jnp.array([-1, params.layouts.count, 0, 2**31 - 1], jnp.int32),
+            jnp.array([0, 0, 3, -5], jnp.int32))
+        return top.reward, rewards, first, acts[1].layout, state.layout, bad
 
     for seed in range(3):
-        top, rewards, first, libra = jax.tree.map(np.asarray, compare(jax.random.PRNGKey(seed)))
+        top, rewards, first, libra, kept, bad = jax.tree.map(
+            np.asarray, compare(jax.random.PRNGKey(seed)))
         assert np.all(top >= rewards - 1e-6) and top > 0
         assert safe[first] and safe[libra]
+        _, after, r, _, _, info = bad
+        assert np.all(r == 0.0) and not info["valid"].any() and info["rules"][:, 0].all()
+        assert np.all(after.layout == kept) and not info["rules"][:, 1:].any()
+        for x in jax.tree.leaves(after):
+            assert not np.issubdtype(x.dtype, np.floating) or np.all(np.isfinite(x))
 
 
 def test_lengths_drift_up():
