@@ -35,7 +35,7 @@ from libratio_jax.env.rlcluster import (
     RLClusterAction,
     RLClusterParams,
 )
-from libratio_jax.env.rlcluster.env import rank_layouts, safe_layouts
+from libratio_jax.env.rlcluster.env import move_seconds, rank_layouts, safe_layouts
 
 FIFO, PROMPT_AWARE, PREDICTED = (SCHEDULERS.index(s) for s in ("fifo", "prompt_aware",
                                                                 "predicted"))
@@ -77,7 +77,6 @@ def best_static(params: RLClusterParams, scheduler: int = FIFO):
 def libra(params: RLClusterParams, scheduler: int = PREDICTED,
           min_saving: float = LIBRA_MIN_SAVING):
     """Libra's planner (see the module docstring)."""
-    lay = params.layouts
     safe = safe_layouts(params)
 
     def policy(key, obs, state):
@@ -86,8 +85,7 @@ def libra(params: RLClusterParams, scheduler: int = PREDICTED,
         current = jnp.maximum(state.layout, 0)
         now = seconds[current]
         saving = now - seconds[best]
-        cost = params.reconfig_seconds + jnp.where(
-            lay.train_gpus[best] > lay.train_gpus[current], params.join_seconds, 0.0)
+        cost = move_seconds(params, current, best)
         worth = (saving * params.steps_per_period > cost) & (saving >= min_saving * now)
         move = (state.layout < 0) | ~jnp.isfinite(now) | worth
         return _action(jnp.where(move, best, state.layout), scheduler)

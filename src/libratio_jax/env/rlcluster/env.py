@@ -263,6 +263,17 @@ def _estimates(params, traj: Trajectories, scheduler):
                       [jnp.full_like(g, mean_g), prompt_guess, predicted], g)
 
 
+def move_seconds(params: RLClusterParams, previous_layout, layout):
+    """Seconds a period loses going from ``previous_layout`` to ``layout``: the
+    reconfiguration when they differ (none from -1, the first deployment), plus the join delay
+    when training grows."""
+    lay = params.layouts
+    moved = (previous_layout >= 0) & (previous_layout != layout)
+    grew = moved & (lay.train_gpus[layout] > lay.train_gpus[jnp.maximum(previous_layout, 0)])
+    return (jnp.where(moved, params.reconfig_seconds, 0.0)
+            + jnp.where(grew, params.join_seconds, 0.0))
+
+
 @jax.jit
 def period_outcome(params: RLClusterParams, traj: Trajectories, layout, scheduler,
                    previous_layout) -> Outcome:
@@ -299,10 +310,7 @@ def period_outcome(params: RLClusterParams, traj: Trajectories, layout, schedule
     # Weights broadcast to the rollout instances after every step, over the network.
     sync = R.weight_bytes(params.model) / params.pool["network_bytes_per_second"]
     step = jnp.where(staleness == 0, train + rollout, jnp.maximum(train, rollout)) + sync
-    moved = (previous_layout >= 0) & (previous_layout != layout)
-    grew = moved & (lay.train_gpus[layout] > lay.train_gpus[jnp.maximum(previous_layout, 0)])
-    reconfig = (jnp.where(moved, params.reconfig_seconds, 0.0)
-                + jnp.where(grew, params.join_seconds, 0.0))
+    reconfig = move_seconds(params, previous_layout, layout)
     period = params.steps_per_period * step + reconfig
     rate = n * params.steps_per_period / period
     rules = jnp.stack([jnp.bool_(False), memory > params.pool["hbm_bytes"],

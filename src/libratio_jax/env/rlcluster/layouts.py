@@ -108,13 +108,19 @@ def layout_index(layouts: Layouts, *, train_gpus: int, train_tp: int, train_pp: 
     """The index of the layout with these training figures and, if given, exactly these
     rollout instance tps (any order). Raises ValueError when there is none."""
     kinds = np.asarray(layouts.rollout_kind)
-    want = None if rollout_tps is None else sorted(TP_CHOICES.index(t) for t in rollout_tps)
-    for k in range(layouts.count):
-        if (int(layouts.train_gpus[k]), int(layouts.train_tp[k]), int(layouts.train_pp[k])) != (
-                train_gpus, train_tp, train_pp):
-            continue
-        if want is None or sorted(int(x) for x in kinds[k] if x >= 0) == want:
-            return k
+    match = ((np.asarray(layouts.train_gpus) == train_gpus)
+             & (np.asarray(layouts.train_tp) == train_tp)
+             & (np.asarray(layouts.train_pp) == train_pp))
+    if rollout_tps is not None:
+        want = [sum(1 for t in rollout_tps if t == tp) for tp in TP_CHOICES]
+        if sum(want) == len(rollout_tps):  # (a tp outside TP_CHOICES matches no layout)
+            match &= np.all(np.stack([(kinds == i).sum(-1) for i in range(len(TP_CHOICES))],
+                                     -1) == want, axis=-1)
+        else:
+            match[:] = False
+    hits = np.flatnonzero(match)
+    if hits.size:
+        return int(hits[0])
     raise ValueError(f"no layout with train_gpus={train_gpus}, train_tp={train_tp}, "
                      f"train_pp={train_pp}, rollout_tps={rollout_tps}")
 
