@@ -233,6 +233,18 @@ def rl_cluster_checks() -> str:
         ("learned over Libra", f"{c['learned_over_libra']:.2f}x", "goal >= 1.10x"),
         ("learned over Libra with FIFO", f"{c['learned_over_libra_fifo']:.2f}x", "-"),
     ]
+    for key, what in (("c_mlfq_over_fifo", "C-MLFQ over FIFO (Libra's planner)"),
+                      ("la_mlfq_over_fifo", "LA-MLFQ over FIFO (Libra's planner)"),
+                      ("elastic_over_rigid", "Libra with its elastic pool over without")):
+        if c.get(key) is not None:
+            rows.append((what, f"{c[key]:.2f}x", "-"))
+    tiers = c.get("two_tier_layouts", {})
+    for key, what in (("predicted_over_fifo", "predicted"), ("la_mlfq_over_fifo", "LA-MLFQ"),
+                      ("c_mlfq_over_fifo", "C-MLFQ"),
+                      ("homogeneous_fifo_over_fifo", "best homogeneous layout, FIFO")):
+        if key in tiers:
+            rows.append((f"two-tier layouts: {what} over FIFO (best layout, first and last "
+                         "period)", f"{tiers[key]:.2f}x", "-"))
     return _table(("check", "ours", "published / goal"), rows)
 
 

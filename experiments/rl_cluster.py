@@ -7,13 +7,14 @@ the exhaustive upper bound and a planner learned with GRPO, on held-out drift sc
 
 Baselines (``libratio_jax.agents.rl_cluster``): ``static_half`` (half the GPUs train, tp 2;
 the rest tp-1 instances, FIFO), ``best_static`` (the best safe layout for the first period,
-kept; FIFO), ``libra`` (Libra's planner with the ``predicted`` scheduler, standing for
-C-MLFQ), ``libra_fifo`` (the same planner with FIFO), ``exhaustive`` (best layout and
-scheduler for the coming period's true trajectories: an upper bound).
+kept; FIFO), ``libra`` (Libra's planner with its elastic pool and C-MLFQ), ``libra_rigid``
+(without the elastic pool), ``libra_la_mlfq``, ``libra_predicted`` and ``libra_fifo`` (the
+planner with the LA-MLFQ, one-shot predicted-length and FIFO schedulers), ``exhaustive``
+(best layout and scheduler for the coming period's true trajectories: an upper bound).
 
 The learned planner is an MLP from the observation to logits over the layouts (a sum over the
 layout's factors: training GPUs, training (tp, pp), rollout partition; unsafe layouts masked)
-and the three schedulers, trained with GRPO (``agents.grpo.group_advantages``): each
+and the five schedulers, trained with GRPO (``agents.grpo.group_advantages``): each
 iteration draws ``--scenarios`` training scenarios and plays ``--group`` episodes of each with
 the same keys (so the same trajectories: the advantage is the policy's), the return is the
 episode's summed reward. It is evaluated by its most likely action on ``--episodes``
@@ -51,14 +52,19 @@ from libratio_jax.agents import rl_cluster as P  # noqa: E402
 from libratio_jax.agents.grpo import group_advantages  # noqa: E402
 from libratio_jax.env.rlcluster import (  # noqa: E402
     AGENT_SCHEDULERS,
+    SCHEDULERS,
     RLClusterAction,
+    draw_trajectories,
     layout_index,
+    rank_layouts,
     safe_layouts,
 )
+from libratio_jax.env.rlcluster.env import draw_scenario  # noqa: E402
 from libratio_jax.env.rlcluster.service import backend_costs, simulate_service  # noqa: E402
 
 TRAIN_SEED, EVAL_SEED = 0, 10_000
-PLANNERS = ("static_half", "best_static", "libra", "libra_fifo", "learned", "exhaustive")
+PLANNERS = ("static_half", "best_static", "libra", "libra_rigid", "libra_la_mlfq",
+            "libra_predicted", "libra_fifo", "learned", "exhaustive")
 
 
 def layout_factors(layouts) -> tuple[np.ndarray, ...]:
@@ -74,7 +80,7 @@ def layout_factors(layouts) -> tuple[np.ndarray, ...]:
 
 
 class Planner(nn.Module):
-    """Observation ``[OBS_DIM]`` -> (layout logits ``[K]``, scheduler logits ``[3]``). A layout's
+    """Observation ``[OBS_DIM]`` -> (layout logits ``[K]``, scheduler logits ``[5]``). A layout's
     logit is the sum of its factors' logits (:func:`layout_factors`) and its own."""
 
     factors: tuple
@@ -162,6 +168,35 @@ def train_planner(env, params, *, iterations: int, scenarios: int, group: int, l
     return greedy(weights), curve
 
 
+def tiered_schedulers(env, params, episodes: int) -> dict:
+    """Each scheduler's best step on two-tier layouts (the only ones where the MLFQs move
+    trajectories) relative to FIFO's, and the best homogeneous layout's with FIFO, on the
+    first and last period of ``episodes`` held-out scenarios (mean of the ratios)."""
+    kinds = np.asarray(params.layouts.rollout_kind)
+    two = np.array([len(set(k[k >= 0].tolist())) == 2 for k in kinds])
+    safe = np.asarray(safe_layouts(params))
+    rank = jax.jit(rank_layouts)
+    names = ("fifo", "predicted", "la_mlfq", "c_mlfq")
+    ratios = {n: [] for n in names + ("homogeneous_fifo",)}
+    for e in range(episodes):
+        key = jax.random.PRNGKey(EVAL_SEED + e)
+        scenario = draw_scenario(key, params)
+        for period in (0, int(params.periods) - 1):
+            traj = draw_trajectories(jax.random.fold_in(key, period), params, scenario,
+                                     period, env.batch)
+            best = {}
+            for n in names:
+                out = jax.tree.map(np.asarray, rank(params, traj, SCHEDULERS.index(n), -1))
+                ok = ~np.any(out.rules, -1) & safe
+                best[n] = np.min(np.where(ok & two, out.step_seconds, np.inf))
+                if n == "fifo":
+                    best["homogeneous_fifo"] = np.min(np.where(ok & ~two, out.step_seconds,
+                                                               np.inf))
+            for n in ratios:
+                ratios[n].append(best["fifo"] / best[n])
+    return {f"{n}_over_fifo": round(float(np.mean(v)), 3) for n, v in ratios.items()}
+
+
 def service_shape(model: str) -> dict:
     """ProRL Agent's rollout service, simulated (``env.rlcluster.service``): GPU utilization
     one trajectory at a time and with more in flight per backend, and throughput as backends
@@ -214,7 +249,10 @@ def main(argv=None) -> dict:
     make = {
         "static_half": lambda: P.static(half, P.FIFO),
         "best_static": lambda: P.best_static(params, P.FIFO),
-        "libra": lambda: P.libra(params, P.PREDICTED),
+        "libra": lambda: P.libra(params, P.C_MLFQ),
+        "libra_rigid": lambda: P.libra(params, P.C_MLFQ, elastic=False),
+        "libra_la_mlfq": lambda: P.libra(params, P.LA_MLFQ),
+        "libra_predicted": lambda: P.libra(params, P.PREDICTED),
         "libra_fifo": lambda: P.libra(params, P.FIFO),
         "learned": lambda: learned,
         "exhaustive": lambda: P.exhaustive(params),
@@ -251,8 +289,13 @@ def main(argv=None) -> dict:
         "libra_over_best_static": ratio("libra", "best_static"),
         "learned_over_libra": ratio("learned", "libra"),
         "learned_over_libra_fifo": ratio("learned", "libra_fifo"),
+        "c_mlfq_over_fifo": ratio("libra", "libra_fifo"),
+        "la_mlfq_over_fifo": ratio("libra_la_mlfq", "libra_fifo"),
+        "elastic_over_rigid": ratio("libra", "libra_rigid"),
         "exhaustive_over_libra": ratio("exhaustive", "libra"),
     }
+    if "libra_fifo" in chosen:  # the schedulers against FIFO on the layouts they serve
+        checks["two_tier_layouts"] = tiered_schedulers(env, params, min(args.episodes, 8))
     service = service_shape(args.model)
     summary = {
         "experiment": "rl_cluster", "env": env.name, "model": args.model,

@@ -18,7 +18,7 @@ from libratio_jax.env.rlcluster import (
     period_outcome,
     safe_layouts,
 )
-from libratio_jax.env.rlcluster.env import draw_scenario
+from libratio_jax.env.rlcluster.env import _mlfq_segments, draw_scenario
 from libratio_jax.physics import rollout as R
 from libratio_jax.physics.architecture import load_config_dict
 from libratio_jax.physics.hardware import gpu_spec
@@ -147,6 +147,103 @@ def test_scheduler_matches_plain_python(rule):
     ref = _instance_reference(jax.tree.map(np.asarray, costs), want, prompt.tolist(),
                               gen.tolist(), wait.tolist(), kind.tolist(), 2.0)
     np.testing.assert_allclose(seconds, ref, rtol=2e-5)
+    # Two segments (a migration): counts and busy time add up over segments, a segment's
+    # latency follows the earlier one's, an unplaced segment (-1) is not run.
+    moved = rng.random(n) < 0.5
+    slot1 = np.where(moved, rng.integers(0, len(kind), n), -1)
+    g1 = np.where(moved, rng.integers(10, 2000, n), 0).astype(np.float32)
+    seg = [np.asarray(x) for x in (np.stack([slot, slot1]), np.stack([prompt, prompt / 2]),
+                                   np.stack([gen, g1]), np.stack([wait, wait / 3]))]
+    seconds = np.asarray(R.instance_seconds(costs, *seg, jnp.asarray(kind), 1.0))
+    np.testing.assert_allclose(seconds, _segments_reference(
+        jax.tree.map(np.asarray, costs), *seg, kind), rtol=2e-5)
+
+
+def _segments_reference(costs, slot, prompt, gen, wait, kind):
+    entries = [(s, n) for s in range(slot.shape[0]) for n in range(slot.shape[1])
+               if slot[s, n] >= 0]
+    steps, batch = [], []
+    for i, k in enumerate(kind):  # each instance's decode step at its concurrency
+        b = min(max(sum(1 for s, n in entries if slot[s, n] == i), 1), float(costs.batch[k]))
+        slope = (float(costs.decode_batch_seconds[k]) - float(costs.decode_single_seconds[k])) / (
+            max(float(costs.batch[k]) - 1.0, 1e-6))
+        steps.append(float(costs.decode_single_seconds[k]) + slope * (b - 1.0))
+        batch.append(b)
+
+    def own(s, n):  # (work, latency) of one segment on its instance
+        i = slot[s, n]
+        pre = float(prompt[s, n]) * float(costs.prefill_seconds_per_token[kind[i]])
+        return (pre + float(gen[s, n]) * steps[i] / batch[i],
+                pre + float(gen[s, n]) * steps[i] + float(wait[s, n]))
+
+    def latency(s, n):  # after the trajectory's earlier segments
+        return own(s, n)[1] + (latency(s - 1, n) if s > 0 and slot[s - 1, n] >= 0 else 0.0)
+
+    out = []
+    for i in range(len(kind)):
+        mine = [(s, n) for s, n in entries if slot[s, n] == i]
+        busy = sum(own(s, n)[0] for s, n in mine)
+        out.append(max([busy] + [latency(s, n) for s, n in mine]) if mine else 0.0)
+    return out
+
+
+def test_mlfq_schedulers_move_the_long_trajectories():
+    """LA-MLFQ moves exactly the trajectories past its demotion threshold; C-MLFQ with an
+    exact prefix tree moves exactly those whose context will pass the bucket, at the first
+    tool return; nobody moves in a homogeneous layout (both are FIFO there). Libra's elastic
+    pool picks the fastest layout one step of GPUs away."""
+    env, params = _small()
+    lay = params.layouts
+    kinds = np.asarray(lay.rollout_kind)
+    tiers = [len(set(k[k >= 0].tolist())) for k in kinds]
+    two, one = tiers.index(2), tiers.index(1)
+    traj = draw_trajectories(jax.random.PRNGKey(0), params.replace(
+        generated_log_mean_range=jnp.array([8.0, 8.0])), draw_scenario(
+        jax.random.PRNGKey(1), params), 0, env.batch)
+    exact = params.replace(prefix_sigma=jnp.float32(0.0))
+    prompt = traj.prompt_tokens + traj.turns * params.tool_output_tokens
+    costs = jax.jit(R.instance_costs)(params.model, params.pool, jnp.array(R.TP_CHOICES),
+                                      jnp.mean(prompt), jnp.mean(traj.generated_tokens))
+    segments = jax.jit(_mlfq_segments)
+    gen = np.asarray(traj.generated_tokens)
+    growth = 1 + float(params.tool_output_tokens / params.tokens_per_turn)
+    for layout, sched, p in ((two, P.LA_MLFQ, params), (two, P.C_MLFQ, exact),
+                             (one, P.C_MLFQ, params)):
+        k = jnp.asarray(kinds[layout])
+        (slot, pr, g, wait), lost = jax.tree.map(np.asarray, segments(
+            p, traj, costs, jnp.maximum(k, 0), k >= 0, sched))
+        moved = slot[1] >= 0
+        assert not lost and np.all(slot[0] >= 0)
+        np.testing.assert_allclose(g.sum(0), gen)  # every token is generated once
+        if layout == one:
+            assert not moved.any()
+            continue
+        small = kinds[layout][slot[0]]
+        assert np.all(small == kinds[layout][kinds[layout] >= 0].min())  # all start small
+        assert np.all(kinds[layout][slot[1][moved]] > small[moved])
+        if sched == P.LA_MLFQ:
+            np.testing.assert_array_equal(moved, gen > float(params.demote_tokens))
+            np.testing.assert_allclose(g[0][moved], float(params.demote_tokens))
+        else:
+            final = np.asarray(traj.prompt_tokens) + growth * gen
+            bucket = float(params.bucket_tokens[small[0]])
+            assert moved.any() and np.all(final[moved] > bucket)
+            early = moved & (np.asarray(traj.turns) > 1) & (gen > float(params.tokens_per_turn))
+            np.testing.assert_allclose(np.minimum(g[0][early], float(params.tokens_per_turn)),
+                                       g[0][early])  # at the latest at the first tool return
+    # Libra's elastic pool: one step of GPUs to training (ratio >= 1.15) or to rollout
+    # (<= 0.90), same training tp and pp, the fastest such layout; none in between.
+    seconds = np.random.default_rng(0).uniform(1, 2, lay.count).astype(np.float32)
+    gpus, tp, pp = (np.asarray(x) for x in (lay.train_gpus, lay.train_tp, lay.train_pp))
+    step = int(lay.total_gpus) // 8
+    move = jax.jit(P.elastic_move)
+    for plan in range(0, lay.count, 7):
+        assert int(move(lay, seconds, plan, 1.0)) == -1
+        for ratio, sign in ((2.0, 1), (0.5, -1)):
+            want = (gpus == gpus[plan] + sign * step) & (tp == tp[plan]) & (pp == pp[plan])
+            got = int(move(lay, seconds, plan, ratio))
+            assert got == (int(np.flatnonzero(want)[np.argmin(seconds[want])]) if want.any()
+                           else -1)
 
 
 def test_period_rules():
@@ -213,7 +310,7 @@ def test_planners_invariants():
         bad = jax.vmap(lambda lay, sch: env.step(k2, state, RLClusterAction(
             layout=lay, scheduler=sch), params))(
             jnp.array([-1, params.layouts.count, 0, 2**31 - 1], jnp.int32),
-            jnp.array([0, 0, 3, -5], jnp.int32))
+            jnp.array([0, 0, P.AGENT_SCHEDULERS, -5], jnp.int32))
         return top.reward, rewards, first, acts[1].layout, state.layout, bad
 
     for seed in range(3):

@@ -10,8 +10,10 @@
   10 steps) rank every safe layout on the last period's trajectories by ``max(T_train,
   T_rollout)`` per step, and move only when the time saved over the period exceeds the
   reconfiguration cost (and the join delay when training grows) and is at least
-  ``min_saving`` (5%) of the step. Its rollout scheduler is ``predicted`` (C-MLFQ's length
-  estimate);
+  ``min_saving`` (5%) of the step; then its elastic pool moves one data-parallel step of GPUs
+  to training when the plan's train / rollout time is >= 1.15, or to rollout when <= 0.90
+  (:func:`elastic_move`), if that saves more than the move costs. Its rollout scheduler is
+  C-MLFQ;
 - :func:`exhaustive`: the best layout and scheduler for the coming period's actual
   trajectories, switching cost included: an upper bound no causal planner reaches.
 
@@ -37,9 +39,13 @@ from libratio_jax.env.rlcluster import (
 )
 from libratio_jax.env.rlcluster.env import move_seconds, rank_layouts, safe_layouts
 
-FIFO, PROMPT_AWARE, PREDICTED = (SCHEDULERS.index(s) for s in ("fifo", "prompt_aware",
-                                                                "predicted"))
+FIFO, PROMPT_AWARE, PREDICTED, LA_MLFQ, C_MLFQ = (
+    SCHEDULERS.index(s) for s in ("fifo", "prompt_aware", "predicted", "la_mlfq", "c_mlfq"))
 LIBRA_MIN_SAVING = 0.05  # Libra applies a new plan only if it saves at least 5%
+# Libra's elastic pool: borrow a training replica when train / rollout time >= 1.15, release
+# one when <= 0.90, else hold.
+LIBRA_BORROW_RATIO = 1.15
+LIBRA_RELEASE_RATIO = 0.90
 
 
 def _action(layout, scheduler) -> RLClusterAction:
@@ -74,13 +80,31 @@ def best_static(params: RLClusterParams, scheduler: int = FIFO):
     return policy
 
 
-def libra(params: RLClusterParams, scheduler: int = PREDICTED,
-          min_saving: float = LIBRA_MIN_SAVING):
-    """Libra's planner (see the module docstring)."""
+def elastic_move(layouts, seconds, plan, ratio):
+    """Libra's elastic pool on layout ``plan``: with train / rollout time ``ratio`` >= 1.15 the
+    layouts with one data-parallel step of GPUs more for training (<= 0.90: less), the same
+    training tp and pp and any rollout partition, else none; returns the one of those with
+    the fewest ``seconds [K]`` (-1 when there is none or all are ``inf``). Jittable."""
+    step = jnp.maximum(layouts.total_gpus // 8, 1)
+    delta = jnp.where(ratio >= LIBRA_BORROW_RATIO, step,
+                      jnp.where(ratio <= LIBRA_RELEASE_RATIO, -step, 0))
+    candidate = ((delta != 0) & (layouts.train_gpus == layouts.train_gpus[plan] + delta)
+                 & (layouts.train_tp == layouts.train_tp[plan])
+                 & (layouts.train_pp == layouts.train_pp[plan]) & jnp.isfinite(seconds))
+    best = jnp.argmin(jnp.where(candidate, seconds, jnp.inf))
+    return jnp.where(jnp.any(candidate), best, -1).astype(jnp.int32)
+
+
+def libra(params: RLClusterParams, scheduler: int = C_MLFQ,
+          min_saving: float = LIBRA_MIN_SAVING, elastic: bool = True):
+    """Libra's planner (see the module docstring); ``elastic``: then its elastic pool
+    (:func:`elastic_move`) on the layout kept or chosen, when that saves more than the move
+    costs."""
     safe = safe_layouts(params)
 
     def policy(key, obs, state):
-        seconds = _valid_seconds(rank_layouts(params, state.history, scheduler, -1), safe)
+        ranked = rank_layouts(params, state.history, scheduler, -1)
+        seconds = _valid_seconds(ranked, safe)
         best = jnp.argmin(seconds)
         current = jnp.maximum(state.layout, 0)
         now = seconds[current]
@@ -88,19 +112,29 @@ def libra(params: RLClusterParams, scheduler: int = PREDICTED,
         cost = move_seconds(params, current, best)
         worth = (saving * params.steps_per_period > cost) & (saving >= min_saving * now)
         move = (state.layout < 0) | ~jnp.isfinite(now) | worth
-        return _action(jnp.where(move, best, state.layout), scheduler)
+        plan = jnp.where(move, best, current)
+        if elastic:
+            ratio = ranked.train_seconds[plan] / jnp.maximum(ranked.rollout_seconds[plan], 1e-9)
+            side = elastic_move(params.layouts, seconds, plan, ratio)
+            other = jnp.maximum(side, 0)
+            gain = (seconds[plan] - seconds[other]) * params.steps_per_period
+            plan = jnp.where((side >= 0) & (gain > move_seconds(params, plan, other)), other,
+                             plan)
+        return _action(jnp.where((state.layout < 0) | (plan != current), plan, state.layout),
+                       scheduler)
 
     return policy
 
 
 def exhaustive(params: RLClusterParams):
-    """The layout and scheduler (of the agent's three) with the highest reward on the coming
+    """The layout and scheduler (of the agent's five) with the highest reward on the coming
     period's true trajectories, from the current layout (an upper bound: it sees the
     future)."""
     def policy(key, obs, state):
-        rewards = jax.vmap(lambda s: rank_layouts(params, state.upcoming, s,
-                                                  state.layout).reward)(
-            jnp.arange(AGENT_SCHEDULERS))  # [S, K]
+        # lax.map, not vmap: each scheduler runs its own branch of period_outcome only
+        rewards = jax.lax.map(lambda s: rank_layouts(params, state.upcoming, s,
+                                                     state.layout).reward,
+                              jnp.arange(AGENT_SCHEDULERS))  # [S, K]
         best = jnp.argmax(rewards.reshape(-1))
         return _action(best % rewards.shape[1], best // rewards.shape[1])
 

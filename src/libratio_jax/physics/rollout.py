@@ -57,6 +57,9 @@ MAX_STEADY_BATCH = 256.0
 # Schedulers (:func:`assign`): fewest assigned trajectories (FIFO / least-connections), or the
 # earliest estimated finish (longest-first when the trajectories come longest first).
 LEAST_CONNECTIONS, EARLIEST_FINISH = 0, 1
+# A migrating trajectory's KV cache is recomputed below this context, transferred above
+# (Libra's C-MLFQ: "below a few thousand tokens, recompute"; 4,096 is our reading).
+RECOMPUTE_BELOW_TOKENS = 4096.0
 
 
 @struct.dataclass
@@ -193,19 +196,45 @@ def instance_seconds(costs: InstanceCosts, slot, prompt_tokens, generated_tokens
     trajectories placed on it (``slot [N]`` from :func:`assign`; unplaced ones are dropped):
     ``max(busy, longest latency / spread_steps)`` at its own concurrency, 0 when empty.
     ``spread_steps`` >= 1 lets a trajectory's latency span that many training steps (a
-    staleness bound above 1 with partial rollouts)."""
+    staleness bound above 1 with partial rollouts).
+
+    The per-trajectory arrays may carry a leading segment axis ``[S, N]``: a trajectory that
+    migrates (C-MLFQ, LA-MLFQ) runs segment 0 on one instance, then segment 1 on another...;
+    each segment counts in its instance's concurrency and busy time, and its latency includes
+    the earlier segments' (a trajectory finishes where its last segment runs). A segment with
+    ``slot`` -1 is not run."""
+    slot = jnp.asarray(slot)
+    if slot.ndim == 1:
+        return instance_seconds(costs, slot[None], jnp.asarray(prompt_tokens)[None],
+                                jnp.asarray(generated_tokens)[None],
+                                jnp.asarray(wait_seconds)[None], kind, spread_steps)
     n_inst = kind.shape[0]
-    seg = jnp.where(slot >= 0, slot, n_inst)  # the unplaced go to a dropped segment
+    seg = jnp.where(slot >= 0, slot, n_inst).reshape(-1)  # the unplaced: a dropped segment
     count = jax.ops.segment_sum(jnp.ones_like(seg, jnp.float32), seg, n_inst + 1)[:n_inst]
     per = jax.tree.map(lambda c: c[kind], costs)  # [I]
     step = decode_step_seconds(per, count)
     b = jnp.clip(count, 1.0, per.batch)
-    mine = jnp.maximum(slot, 0)
-    k = kind[mine]
-    prefill = jnp.asarray(prompt_tokens, jnp.float32) * costs.prefill_seconds_per_token[k]
+    mine = jnp.maximum(slot, 0)  # [S, N]
+    prefill = (jnp.asarray(prompt_tokens, jnp.float32)
+               * costs.prefill_seconds_per_token[kind[mine]])
     gen = jnp.asarray(generated_tokens, jnp.float32)
-    work = prefill + gen * (step / b)[mine]
-    latency = prefill + gen * step[mine] + jnp.asarray(wait_seconds, jnp.float32)
-    busy = jax.ops.segment_sum(work, seg, n_inst + 1)[:n_inst]
-    longest = jnp.maximum(jax.ops.segment_max(latency, seg, n_inst + 1)[:n_inst], 0.0)
+    work = jnp.where(slot >= 0, prefill + gen * (step / b)[mine], 0.0)
+    latency = jnp.where(slot >= 0, prefill + gen * step[mine]
+                        + jnp.asarray(wait_seconds, jnp.float32), 0.0)
+    latency = jnp.cumsum(latency, axis=0)  # each segment after the earlier ones
+    busy = jax.ops.segment_sum(work.reshape(-1), seg, n_inst + 1)[:n_inst]
+    longest = jnp.maximum(jax.ops.segment_max(latency.reshape(-1), seg, n_inst + 1)[:n_inst],
+                          0.0)
     return jnp.maximum(busy, longest / jnp.maximum(spread_steps, 1.0))
+
+
+def migration_seconds(model: A.ModelSpec, pool, context_tokens, kv_format: int = F.BF16):
+    """``(recompute [N] bool, transfer_seconds [N])`` for trajectories moving to another
+    instance with ``context_tokens`` in their KV cache: below
+    :data:`RECOMPUTE_BELOW_TOKENS` the new instance recomputes it (a prefill of the context,
+    charged there as prompt tokens), else the cache is sent over the network (its bytes at the
+    pool's network bandwidth). Libra's C-MLFQ: "below a few thousand tokens, recompute"."""
+    context = jnp.asarray(context_tokens, jnp.float32)
+    recompute = context < RECOMPUTE_BELOW_TOKENS
+    transfer = kv_cache_bytes(model, kv_format, 1.0, context) / pool["network_bytes_per_second"]
+    return recompute, jnp.where(recompute, 0.0, transfer)

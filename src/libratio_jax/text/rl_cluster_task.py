@@ -98,8 +98,10 @@ class RLClusterTextTask(TextTask):
             "parallel).\n"
             "- rollout: instances per tensor parallelism covering exactly the other GPUs, "
             "all of one tp, or two tiers of half the GPUs each.\n"
-            "- scheduler: fifo (least-connections), prompt_aware (longest prompt first) or "
-            "predicted (longest predicted first).\n"
+            "- scheduler: fifo (least-connections), prompt_aware (longest prompt first), "
+            "predicted (longest predicted first), la_mlfq (start on the smaller-tp tier, move "
+            "up after 3,000 generated tokens) or c_mlfq (move up when the length estimate at "
+            "a tool return says long).\n"
             "Score: trajectories per second over the period. Changing the layout costs "
             f"{float(params.reconfig_seconds):.0f} s; out of memory scores 0.")
 

@@ -32,11 +32,14 @@ False: ``invalid_action`` (an index out of range: nothing is deployed, the clust
 layout), ``train_out_of_memory``,
 ``rollout_out_of_memory`` (a trajectory fits no instance).
 
-**Schedulers** (``action.scheduler``, the first three): 0 ``fifo`` (least-connections in
+**Schedulers** (``action.scheduler``, the first five): 0 ``fifo`` (least-connections in
 arrival order), 1 ``prompt_aware`` (longest prompt first; generated length guessed
 proportional to the prompt), 2 ``predicted`` (longest predicted first: the prediction is the
-true length times a log-normal error ``predictor_sigma``, standing for C-MLFQ's prefix-tree
-estimate); 3 ``oracle`` (longest true first) is for upper bounds only
+true length times a log-normal error ``predictor_sigma``, a one-shot length predictor);
+3 ``la_mlfq`` and 4 ``c_mlfq`` (Libra's multi-level feedback queues: every trajectory starts
+on the smallest-tp instances and moves to the larger ones after ``demote_tokens`` generated
+tokens, respectively when the prefix tree's estimate at a tool return says it is long; see
+``_mlfq_segments``); 5 ``oracle`` (longest true first) is for upper bounds only
 (:func:`period_outcome`). Ordered schedulers place each trajectory on the instance that would
 finish it earliest by their estimate.
 
@@ -70,8 +73,11 @@ from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.scenario import TRAIN, Workload
 from libratio_jax.physics.throughput import tenant_step_time
 
-SCHEDULERS: tuple[str, ...] = ("fifo", "prompt_aware", "predicted", "oracle")
-AGENT_SCHEDULERS = 3  # an action picks one of the first three; "oracle" is an upper bound
+SCHEDULERS: tuple[str, ...] = ("fifo", "prompt_aware", "predicted", "la_mlfq", "c_mlfq",
+                                "oracle")
+AGENT_SCHEDULERS = 5  # an action picks one of the first five; "oracle" is an upper bound
+LA_MLFQ, C_MLFQ = SCHEDULERS.index("la_mlfq"), SCHEDULERS.index("c_mlfq")
+MAX_TOOL_RETURNS = 64  # C-MLFQ's decision points per trajectory (static; turns above: none)
 MAX_STALENESS = 8
 MAX_BATCH = 1 << 16  # trajectories per RL step (static: arrays of this length per period)
 RULE_NAMES: tuple[str, ...] = ("invalid_action", "train_out_of_memory", "rollout_out_of_memory")
@@ -118,6 +124,11 @@ class RLClusterParams:
     tail_ratio: jnp.ndarray  # the tail component's lengths over the body's
     prompt_correlation: jnp.ndarray  # d log(generated) / d log(prompt)
     predictor_sigma: jnp.ndarray  # log-normal error of the "predicted" scheduler
+    bucket_tokens: jnp.ndarray  # [len(TP_CHOICES)] C-MLFQ: max tokens of the bucket an
+    # instance of each tp serves (Libra: tp 1 <= 4,000, tp 2 <= 12,000, tp 4 <= 30,000)
+    demote_tokens: jnp.ndarray  # LA-MLFQ: demoted after this many generated tokens
+    prefix_sigma: jnp.ndarray  # C-MLFQ: log error of the remaining-length estimate at the
+    # first tool return (shrinks as 1/sqrt(returns seen))
 
 
 @struct.dataclass
@@ -186,7 +197,8 @@ def make_params(model="Qwen3-8B", *, gpu: str = "H100-SXM", total_gpus: int = 32
         generated_log_mean_range=(np.log(1000.0), np.log(3000.0)), generated_log_sigma=0.6,
         drift_range=(0.0, np.log(3.0)), tail_weight_range=(0.05, 0.15),
         tail_drift_range=(0.0, 0.1), tail_ratio=5.0, prompt_correlation=0.5,
-        predictor_sigma=0.3)
+        predictor_sigma=0.3, bucket_tokens=(4000.0, 12_000.0, 30_000.0, 30_000.0),
+        demote_tokens=3000.0, prefix_sigma=0.6)
     unknown = set(overrides) - set(fields)
     if unknown:
         raise ValueError(f"unknown RLCluster parameter(s) {sorted(unknown)}; "
@@ -195,10 +207,12 @@ def make_params(model="Qwen3-8B", *, gpu: str = "H100-SXM", total_gpus: int = 32
     arrays = {}
     for name, value in fields.items():
         a = np.asarray(value, np.float32)
-        want = (2,) if name.endswith("_range") else ()
+        want = ((2,) if name.endswith("_range") else (len(_TPS),) if name == "bucket_tokens"
+                else ())
         if a.shape != want or not np.all(np.isfinite(a)):
-            raise ValueError(f"{name}: expected {'(low, high)' if want else 'a number'} "
-                             f"of finite values, got {value!r}")
+            form = ("(low, high)" if name.endswith("_range") else f"{want[0]} numbers (per tp "
+                    f"in {tuple(int(t) for t in _TPS)})" if want else "a number")
+            raise ValueError(f"{name}: expected {form} of finite values, got {value!r}")
         if want and a[0] > a[1]:
             raise ValueError(f"{name}: low {a[0]} above high {a[1]}")
         arrays[name] = a
@@ -263,6 +277,65 @@ def _estimates(params, traj: Trajectories, scheduler):
                       [jnp.full_like(g, mean_g), prompt_guess, predicted], g)
 
 
+def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, active,
+                   scheduler):
+    """Where LA-MLFQ or C-MLFQ runs each trajectory: ``((slot, prompt, generated, wait)``, each
+    ``[2, N]`` (segment 0 on the small tier, segment 1 after the move; slot -1 where a
+    trajectory does not move), ``lost``: a trajectory fits no instance).
+
+    Tiers: the active instances of the smallest tp are the first bucket, the others the second
+    (a homogeneous layout has one tier: nobody moves, as FIFO). Every trajectory starts on the
+    first tier (least connections, arrival order). LA-MLFQ demotes it after
+    ``demote_tokens`` generated tokens (Libra's LA-MLFQ baseline: 3,000; its 10,000-token level
+    has no third tier here). C-MLFQ decides at each tool return: the prefix tree's estimate of
+    the remaining tokens is the truth times ``exp(prefix_sigma z / sqrt(returns))`` (one draw
+    ``z`` per trajectory: the tree's error shrinks as the path grows); it moves when the mean
+    estimate takes the context past the first tier's bucket (``bucket_tokens`` of its tp; the
+    p90, above the mean, agrees), and in any case when the context reaches that limit. A move
+    recomputes the context on the new instance or transfers its KV cache
+    (:func:`~libratio_jax.physics.rollout.migration_seconds`); the later tool outputs are
+    prefilled there."""
+    n = traj.prompt_tokens.shape[0]
+    small = jnp.min(jnp.where(active, kind, len(R.TP_CHOICES)))
+    tier0 = active & (kind == small)
+    tier1 = active & (kind != small)
+    # Context per generated token: the tool outputs come every tokens_per_turn tokens.
+    growth = 1.0 + params.tool_output_tokens / params.tokens_per_turn
+    gen, turns = traj.generated_tokens, traj.turns
+    bucket = params.bucket_tokens[small]  # the first tier's bucket, by its tp
+    limit = jnp.maximum((bucket - traj.prompt_tokens) / growth, 0.0)
+    returns = jnp.arange(1, MAX_TOOL_RETURNS + 1, dtype=jnp.float32)  # [K]
+    seen = returns * params.tokens_per_turn  # generated tokens at each tool return
+    estimate = (gen[:, None] - seen) * jnp.exp(params.prefix_sigma * traj.predictor_noise[:, None]
+                                               / jnp.sqrt(returns))
+    long = ((returns < turns[:, None]) & (seen < gen[:, None])
+            & (traj.prompt_tokens[:, None] + growth * (seen + estimate) > bucket))
+    c_move = jnp.minimum(jnp.min(jnp.where(long, seen, jnp.inf), axis=1), limit)
+    move_at = jnp.floor(jnp.where(scheduler == LA_MLFQ, params.demote_tokens, c_move))
+    moves = jnp.any(tier1) & (move_at < gen)
+    gen0 = jnp.where(moves, move_at, gen)
+    turns0 = jnp.where(moves, jnp.floor(gen0 / params.tokens_per_turn), turns)
+    tool = (traj.wait_seconds - params.sandbox_seconds) / jnp.maximum(turns, 1.0)
+    prompt0 = traj.prompt_tokens + turns0 * params.tool_output_tokens
+    context = prompt0 + gen0
+    recompute, transfer = R.migration_seconds(params.model, params.pool, context)
+    later_outputs = (turns - turns0) * params.tool_output_tokens
+    prompt1 = jnp.where(recompute, context, 0.0) + later_outputs
+    fit0 = R.fits(costs, prompt0, gen0)
+    fit1 = R.fits(costs, context + later_outputs, gen - gen0) & moves[:, None]
+    zeros = jnp.zeros(n, jnp.float32)
+    slot0 = R.assign(costs, prompt0, gen0, zeros, fit0, jnp.arange(n), kind, tier0,
+                     R.LEAST_CONNECTIONS)
+    slot1 = R.assign(costs, prompt1, gen - gen0, zeros, fit1, jnp.argsort(move_at), kind,
+                     tier1, R.LEAST_CONNECTIONS)
+    lost = jnp.any(slot0 < 0) | jnp.any(moves & (slot1 < 0))
+    segments = (jnp.stack([slot0, jnp.where(moves, slot1, -1)]),
+                jnp.stack([prompt0, prompt1]), jnp.stack([gen0, gen - gen0]),
+                jnp.stack([params.sandbox_seconds + turns0 * tool,
+                           (turns - turns0) * tool + transfer]))
+    return segments, lost
+
+
 def move_seconds(params: RLClusterParams, previous_layout, layout):
     """Seconds a period loses going from ``previous_layout`` to ``layout``: the
     reconfiguration when they differ (none from -1, the first deployment), plus the join delay
@@ -294,10 +367,21 @@ def period_outcome(params: RLClusterParams, traj: Trajectories, layout, schedule
     kinds = lay.rollout_kind[layout]
     kind, active = jnp.maximum(kinds, 0), kinds >= 0
     rule = jnp.where(scheduler == 0, R.LEAST_CONNECTIONS, R.EARLIEST_FINISH)
-    slot = R.assign(costs, prompt, g_hat, turns_hat * mean_tool + params.sandbox_seconds, fit,
-                    order, kind, active, rule)
     spread = jnp.maximum(staleness, 1).astype(jnp.float32)
-    seconds = R.instance_seconds(costs, slot, prompt, gen, traj.wait_seconds, kind, spread)
+
+    def placed():  # one instance per trajectory, chosen at arrival
+        slot = R.assign(costs, prompt, g_hat, turns_hat * mean_tool + params.sandbox_seconds,
+                        fit, order, kind, active, rule)
+        seconds = R.instance_seconds(costs, slot, prompt, gen, traj.wait_seconds, kind,
+                                     spread)
+        return seconds, jnp.any(slot < 0)
+
+    def migrating():  # LA-MLFQ / C-MLFQ: start on the small tier, move up when demoted
+        segments, lost = _mlfq_segments(params, traj, costs, kind, active, scheduler)
+        return R.instance_seconds(costs, *segments, kind, spread), lost
+
+    seconds, lost = jax.lax.cond((scheduler == LA_MLFQ) | (scheduler == C_MLFQ), migrating,
+                                 placed)
     rollout = jnp.max(jnp.where(active, seconds, 0.0))
 
     tp, pp, dp = lay.train_tp[layout], lay.train_pp[layout], lay.train_dp[layout]
@@ -314,7 +398,7 @@ def period_outcome(params: RLClusterParams, traj: Trajectories, layout, schedule
     period = params.steps_per_period * step + reconfig
     rate = n * params.steps_per_period / period
     rules = jnp.stack([jnp.bool_(False), memory > params.pool["hbm_bytes"],
-                       jnp.any(slot < 0) | ~jnp.any(active)])
+                       lost | ~jnp.any(active)])
     reward = jnp.where(jnp.any(rules), 0.0,
                        rate * jnp.maximum(1.0 - params.staleness_penalty * staleness, 0.0))
     f = jnp.float32
