@@ -22,3 +22,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+def _no_runnable_doctest(path) -> bool:
+    """A package module whose examples are all ``+SKIP`` (or that has none): collecting its
+    doctests would only import it (some import openenv-core and gradio, or torch: seconds per
+    test worker)."""
+    examples = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.lstrip().startswith(">>>")]
+    return all("doctest: +SKIP" in line for line in examples)
+
+
+def pytest_ignore_collect(collection_path, config):
+    parts = collection_path.parts
+    if (collection_path.suffix == ".py" and "src" in parts and "libratio_jax" in parts
+            and collection_path.is_file() and _no_runnable_doctest(collection_path)):
+        return True
+    return None

@@ -98,15 +98,16 @@ class Planner(nn.Module):
 
 
 def make_learned(env, params, net):
-    """``(sample_episode, greedy_policy)`` of the planner network."""
+    """``(play_episode, log_prob, greedy_policy)`` of the planner network."""
     mask = jnp.where(safe_layouts(params), 0.0, -1e9)
 
     def logits(weights, obs):
         lay, sch = net.apply(weights, obs)
         return lay + mask, sch
 
-    def episode_logp(weights, key):
-        """Sampled episode from ``key``: (return, summed log-probability)."""
+    def play_episode(weights, key):
+        """A sampled episode from ``key``: (return, observations [T, D], layout and scheduler
+        indices [T]): the rollout, outside the gradient."""
         k_reset, k_run = jax.random.split(key)
         obs, state = env.reset(k_reset, params)
 
@@ -114,16 +115,22 @@ def make_learned(env, params, net):
             obs, state = carry
             k_a, k_b, k_step = jax.random.split(k, 3)
             lay, sch = logits(weights, obs)
-            a_l = jax.random.categorical(k_a, jax.lax.stop_gradient(lay))
-            a_s = jax.random.categorical(k_b, jax.lax.stop_gradient(sch))
-            logp = jax.nn.log_softmax(lay)[a_l] + jax.nn.log_softmax(sch)[a_s]
-            obs, state, r, _, _, _ = env.step(k_step, state, RLClusterAction(
-                layout=a_l.astype(jnp.int32), scheduler=a_s.astype(jnp.int32)), params)
-            return (obs, state), (r, logp)
+            a_l = jax.random.categorical(k_a, lay).astype(jnp.int32)
+            a_s = jax.random.categorical(k_b, sch).astype(jnp.int32)
+            next_obs, state, r, _, _, _ = env.step(k_step, state, RLClusterAction(
+                layout=a_l, scheduler=a_s), params)
+            return (next_obs, state), (r, obs, a_l, a_s)
 
-        _, (r, logp) = jax.lax.scan(body, (obs, state),
-                                    jax.random.split(k_run, int(params.periods)))
-        return jnp.sum(r), jnp.sum(logp)
+        _, (r, obs, a_l, a_s) = jax.lax.scan(body, (obs, state),
+                                             jax.random.split(k_run, int(params.periods)))
+        return jnp.sum(r), obs, a_l, a_s
+
+    def log_prob(weights, obs, a_l, a_s):
+        """Summed log-probability of one episode's recorded actions (``obs [T, D]``)."""
+        lay, sch = jax.vmap(logits, in_axes=(None, 0))(weights, obs)
+        pick = lambda x, a: jnp.take_along_axis(  # noqa: E731
+            jax.nn.log_softmax(x), a[:, None], axis=-1)[:, 0]
+        return jnp.sum(pick(lay, a_l) + pick(sch, a_s))
 
     def greedy(weights):
         def policy(key, obs, state):
@@ -132,32 +139,37 @@ def make_learned(env, params, net):
                                    scheduler=jnp.argmax(sch).astype(jnp.int32))
         return policy
 
-    return episode_logp, greedy
+    return play_episode, log_prob, greedy
 
 
 def train_planner(env, params, *, iterations: int, scenarios: int, group: int, lr: float,
                   seed: int = TRAIN_SEED):
     net = Planner(tuple(tuple(int(i) for i in f) for f in layout_factors(params.layouts)))
     weights = net.init(jax.random.PRNGKey(seed), jnp.zeros(env.observation_space(params).shape))
-    episode_logp, greedy = make_learned(env, params, net)
+    play_episode, log_prob, greedy = make_learned(env, params, net)
     opt = optax.adam(lr)
     opt_state = opt.init(weights)
 
-    def loss_fn(w, keys):  # keys [S, G]: the group shares its key (same episode randomness)
-        ret, logp = jax.vmap(jax.vmap(episode_logp, in_axes=(None, 0)), in_axes=(None, 0))(
-            w, keys)
-        adv = jax.lax.stop_gradient(group_advantages(ret, "group"))
-        return -jnp.mean(adv * logp), jnp.mean(ret) / int(params.periods)
+    def loss_fn(w, episodes):  # GRPO: group-relative advantages times the log-probabilities
+        ret, obs, a_l, a_s = episodes
+        adv = group_advantages(ret, "group")
+        per_episode = jax.vmap(jax.vmap(log_prob, in_axes=(None, 0, 0, 0)),
+                               in_axes=(None, 0, 0, 0))
+        return -jnp.mean(adv * per_episode(w, obs, a_l, a_s))
 
     @jax.jit
     def update(w, opt_state, key):
+        # keys [S, G]: a group shares its scenario key (the same episode randomness); each
+        # member samples its actions with its own (the member index folded in).
         keys = jnp.repeat(jax.random.split(key, scenarios)[:, None], group, axis=1)
-        # Per member, its own sampling key: fold the member index into the shared key.
         keys = jax.vmap(jax.vmap(jax.random.fold_in))(
             keys, jnp.broadcast_to(jnp.arange(group), (scenarios, group)))
-        (_, reward), grads = jax.value_and_grad(loss_fn, has_aux=True)(w, keys)
+        episodes = jax.vmap(jax.vmap(play_episode, in_axes=(None, 0)), in_axes=(None, 0))(
+            w, keys)
+        grads = jax.grad(loss_fn)(w, episodes)
         updates, opt_state = opt.update(grads, opt_state, w)
-        return optax.apply_updates(w, updates), opt_state, reward
+        return (optax.apply_updates(w, updates), opt_state,
+                jnp.mean(episodes[0]) / int(params.periods))
 
     curve = []
     key = jax.random.PRNGKey(seed)

@@ -10,12 +10,22 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("openenv")
 
-from libratio_jax.serve.client import ClientPool, LibratioClient  # noqa: E402
 from libratio_jax.serve.process import local_server  # noqa: E402
 from libratio_jax.text.session import TextSession  # noqa: E402
 
 PRECISION = "Classic-FleetPrecision-v0"
 TIMEOUT = 120.0  # the first request of a task waits for its pool's compile
+
+
+def LibratioClient(*args, **kw):  # noqa: N802 - the client class, imported on first use
+    # (openenv-core imports gradio, seconds at collection for every test worker)
+    from libratio_jax.serve.client import LibratioClient as cls
+    return cls(*args, **kw)
+
+
+def ClientPool(*args, **kw):  # noqa: N802
+    from libratio_jax.serve.client import ClientPool as cls
+    return cls(*args, **kw)
 
 
 def post(url, **kw):

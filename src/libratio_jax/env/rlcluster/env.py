@@ -321,13 +321,16 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
     recompute, transfer = R.migration_seconds(params.model, params.pool, context)
     later_outputs = (turns - turns0) * params.tool_output_tokens
     prompt1 = jnp.where(recompute, context, 0.0) + later_outputs
-    fit0 = R.fits(costs, prompt0, gen0)
-    fit1 = R.fits(costs, context + later_outputs, gen - gen0) & moves[:, None]
-    zeros = jnp.zeros(n, jnp.float32)
-    slot0 = R.assign(costs, prompt0, gen0, zeros, fit0, jnp.arange(n), kind, tier0,
-                     R.LEAST_CONNECTIONS)
-    slot1 = R.assign(costs, prompt1, gen - gen0, zeros, fit1, jnp.argsort(move_at), kind,
-                     tier1, R.LEAST_CONNECTIONS)
+    # One least-connections pass over both segments (the tiers are disjoint): arrivals on
+    # the small tier, then the moves, in the order they happen, on the large one.
+    is_small = jnp.arange(len(R.TP_CHOICES)) == small
+    fit = jnp.concatenate([R.fits(costs, prompt0, gen0) & is_small,
+                           R.fits(costs, context + later_outputs, gen - gen0) & ~is_small
+                           & moves[:, None]])
+    slot = R.assign(costs, jnp.concatenate([prompt0, prompt1]), jnp.zeros(2 * n), jnp.zeros(
+        2 * n), fit, jnp.concatenate([jnp.arange(n), n + jnp.argsort(move_at)]), kind,
+        tier0 | tier1, R.LEAST_CONNECTIONS)
+    slot0, slot1 = slot[:n], slot[n:]
     lost = jnp.any(slot0 < 0) | jnp.any(moves & (slot1 < 0))
     segments = (jnp.stack([slot0, jnp.where(moves, slot1, -1)]),
                 jnp.stack([prompt0, prompt1]), jnp.stack([gen0, gen - gen0]),
