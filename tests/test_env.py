@@ -144,8 +144,9 @@ def _rule(fired, name):
 def test_each_ird_rule_triggers_and_not():
     sc = lj.reference_scenario(block_groups=1)
     rp = RewardParams.make()
+    team_reward_of = jax.jit(difference.team_reward_of)  # one compile for every case
     good = lj.Plan.from_choices(sc, [{"gpus": 2, "zero_stage": 3, "recompute": True}] * 4)
-    g, fired, _, _ = difference.team_reward_of(sc, good, rp)
+    g, fired, _, _ = team_reward_of(sc, good, rp)
     assert not np.asarray(fired).any() and float(g) > 0.5
     cases = {
         "all_lowest_precision": [{"gpus": 2, "zero_stage": 3, "recompute": True,
@@ -160,15 +161,15 @@ def test_each_ird_rule_triggers_and_not():
         + [{"gpus": 2, "zero_stage": 3, "recompute": True}] * 3,
     }
     for name, choices in cases.items():
-        g, fired, _, _ = difference.team_reward_of(sc, lj.Plan.from_choices(sc, choices), rp)
+        g, fired, _, _ = team_reward_of(sc, lj.Plan.from_choices(sc, choices), rp)
         assert _rule(fired, name), name
         assert float(g) == pytest.approx(0.01), name
     # power cap: the same good plan under a tight cap
     capped = sc.replace(cluster=sc.cluster.replace(power_cap_watts=jnp.float32(1000.0)))
-    g, fired, _, _ = difference.team_reward_of(capped, good, rp)
+    g, fired, _, _ = team_reward_of(capped, good, rp)
     assert _rule(fired, "overcommitted")
     # the floor is configurable
-    g, _, _, _ = difference.team_reward_of(capped, good, RewardParams.make(ird_floor=-1.0))
+    g, _, _, _ = team_reward_of(capped, good, RewardParams.make(ird_floor=-1.0))
     assert float(g) == -1.0
 
 
@@ -212,17 +213,17 @@ def test_auto_reset_keeps_final_observation(env_params):
     env, params = env_params
     short = params.replace(max_steps=jnp.int32(2))
     wrapped = AutoResetWrapper(env)
-    obs, state = wrapped.reset(jax.random.PRNGKey(0), short)
+    step = jax.jit(wrapped.step)  # (eager = jit: tests/test_env_api.py)
+    obs, state = jax.jit(wrapped.reset)(jax.random.PRNGKey(0), short)
     action = env.sample_action(jax.random.PRNGKey(1), state)
-    obs1, state1, _, _, trunc1, info1 = wrapped.step(jax.random.PRNGKey(2), state, action, short)
+    obs1, state1, _, _, trunc1, info1 = step(jax.random.PRNGKey(2), state, action, short)
     assert not bool(trunc1) and int(state1.t) == 1
     np.testing.assert_array_equal(info1["final_observation"], obs1)
-    obs2, state2, _, _, trunc2, info2 = wrapped.step(jax.random.PRNGKey(3), state1, action,
-                                                     short)
+    obs2, state2, _, _, trunc2, info2 = step(jax.random.PRNGKey(3), state1, action, short)
     assert bool(trunc2) and int(state2.t) == 0  # reset happened
     # the wrapper splits the key before stepping, so compare with that split
     k_step, _ = jax.random.split(jax.random.PRNGKey(3))
-    plain = env.step(k_step, state1, action, short)
+    plain = jax.jit(env.step)(k_step, state1, action, short)
     np.testing.assert_allclose(info2["final_observation"], plain[0], rtol=1e-6)
 
 
@@ -230,12 +231,12 @@ def test_log_wrapper_returns_and_validity(env_params):
     env, params = env_params
     short = params.replace(max_steps=jnp.int32(3))
     wrapped = LogWrapper(AutoResetWrapper(env))
-    obs, state = wrapped.reset(jax.random.PRNGKey(0), short)
+    obs, state = jax.jit(wrapped.reset)(jax.random.PRNGKey(0), short)
     greedy = policies.greedy_plan(state.env_state.scenario)
     total = np.zeros(env.num_agents)
+    step = jax.jit(wrapped.step)
     for t in range(3):
-        obs, state, reward, _, _, info = wrapped.step(jax.random.PRNGKey(t), state, greedy,
-                                                      short)
+        obs, state, reward, _, _, info = step(jax.random.PRNGKey(t), state, greedy, short)
         total += np.asarray(reward)
     assert bool(info["returned_episode"])
     np.testing.assert_allclose(np.asarray(info["returned_episode_returns"]), total, rtol=1e-5)
@@ -246,9 +247,9 @@ def test_dynamics_evolve(env_params):
     env, params = env_params
     hot = params.replace(gpu_failure_probability=jnp.float32(0.5),
                          arrival_probability=jnp.float32(1.0))
-    obs, state = env.reset(jax.random.PRNGKey(4), hot)
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(4), hot)
     plan = policies.greedy_plan(state.scenario)
-    _, s1, *_ = env.step(jax.random.PRNGKey(5), state, plan, hot)
+    _, s1, *_ = jax.jit(env.step)(jax.random.PRNGKey(5), state, plan, hot)
     c0, c1 = np.asarray(state.scenario.cluster.gpu_count), np.asarray(s1.scenario.cluster.gpu_count)
     valid = np.asarray(state.scenario.cluster.valid)
     assert np.all(c1[valid] <= c0[valid]) and np.any(c1[valid] < c0[valid])

@@ -54,12 +54,13 @@ def test_surface(made):
         return
     assert isinstance(env.num_agents, int) and env.num_agents >= 1
     chex.assert_trees_all_equal(env.default_params, params)
-    obs, state = env.reset(jax.random.PRNGKey(0))  # params default to default_params
+    # (jitted: the eager path is test_jit_equals_eager_and_deterministic's)
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0))  # params: default_params
     assert bool(env.observation_space(params).contains(obs))
     space = env.action_space(params)
     action = space.sample(jax.random.PRNGKey(1))
     assert bool(space.contains(action))
-    obs2, state2, reward, terminated, truncated, info = env.step(
+    obs2, state2, reward, terminated, truncated, info = jax.jit(env.step)(
         jax.random.PRNGKey(2), state, action, params)
     assert reward.shape == env.reward_shape and reward.dtype == jnp.float32
     assert terminated.shape == () and truncated.shape == ()
