@@ -18,7 +18,7 @@ from libratio_jax.env.rlcluster import (
     period_outcome,
     safe_layouts,
 )
-from libratio_jax.env.rlcluster.env import _mlfq_segments, draw_scenario
+from libratio_jax.env.rlcluster.env import _mlfq_segments, draw_scenario, prefix_tree
 from libratio_jax.physics import rollout as R
 from libratio_jax.physics.architecture import load_config_dict
 from libratio_jax.physics.hardware import gpu_spec
@@ -188,10 +188,11 @@ def _segments_reference(costs, slot, prompt, gen, wait, kind):
 
 
 def test_mlfq_schedulers_move_the_long_trajectories():
-    """LA-MLFQ moves exactly the trajectories past its demotion threshold; C-MLFQ with an
-    exact prefix tree moves exactly those whose context will pass the bucket, at the first
-    tool return; nobody moves in a homogeneous layout (both are FIFO there). Libra's elastic
-    pool picks the fastest layout one step of GPUs away."""
+    """LA-MLFQ moves exactly the trajectories past its demotion threshold; C-MLFQ's prefix
+    tree holds the NumPy statistics of what it saw, and when the first tool return's state
+    tells long from short, C-MLFQ moves exactly the long ones, at that return; nobody moves in
+    a homogeneous layout (both are FIFO there). Libra's elastic pool picks the fastest layout
+    one step of GPUs away."""
     env, params = _small()
     lay = params.layouts
     kinds = np.asarray(lay.rollout_kind)
@@ -200,21 +201,36 @@ def test_mlfq_schedulers_move_the_long_trajectories():
     traj = draw_trajectories(jax.random.PRNGKey(0), params.replace(
         generated_log_mean_range=jnp.array([8.0, 8.0])), draw_scenario(
         jax.random.PRNGKey(1), params), 0, env.batch)
-    exact = params.replace(prefix_sigma=jnp.float32(0.0))
+    gen = np.asarray(traj.generated_tokens)
+    # the tree against NumPy: per node, the tokens still to come after its returns
+    tree = jax.tree.map(np.asarray, jax.jit(prefix_tree)(params, traj))
+    states, turns, tpt = np.asarray(traj.tool_states), np.asarray(traj.turns), 800.0
+    for path in ((), (int(states[0, 0]),), tuple(int(x) for x in states[1])):
+        node = 0 if not path else (1 + path[0] if len(path) == 1 else 1 + 27 + path[0] * 27
+                                   + path[1])
+        rest = [g - len(path) * tpt for g, t, st in zip(gen, turns, states, strict=True)
+                if tuple(st[:len(path)]) == path and len(path) < t and g > len(path) * tpt]
+        assert tree.count[node] == len(rest)
+        np.testing.assert_allclose(tree.mean_remaining[node], np.mean(rest), rtol=1e-4)
+        logs = np.log(rest)
+        np.testing.assert_allclose(tree.p90_remaining[node], np.exp(
+            logs.mean() + 1.2816 * logs.std()), rtol=1e-3)
     prompt = traj.prompt_tokens + traj.turns * params.tool_output_tokens
     costs = jax.jit(R.instance_costs)(params.model, params.pool, jnp.array(R.TP_CHOICES),
                                       jnp.mean(prompt), jnp.mean(traj.generated_tokens))
-    segments = jax.jit(_mlfq_segments)
-    gen = np.asarray(traj.generated_tokens)
     growth = 1 + float(params.tool_output_tokens / params.tokens_per_turn)
-    for layout, sched, p in ((two, P.LA_MLFQ, params), (two, P.C_MLFQ, exact),
-                             (one, P.C_MLFQ, params)):
+    long = (np.asarray(traj.prompt_tokens) + growth * gen > 4000.0) & (turns > 1)
+    told = traj.replace(tool_states=jnp.asarray(np.stack([long * 1, long * 0], 1), jnp.int32),
+                        generated_tokens=jnp.asarray(np.where(long, 20_000.0, 500.0)))
+    segments = jax.jit(_mlfq_segments)
+    for layout, sched, t in ((two, P.LA_MLFQ, traj), (two, P.C_MLFQ, told),
+                             (one, P.C_MLFQ, traj)):
         k = jnp.asarray(kinds[layout])
         (slot, pr, g, wait), lost = jax.tree.map(np.asarray, segments(
-            p, traj, costs, jnp.maximum(k, 0), k >= 0, sched))
+            params, t, costs, jnp.maximum(k, 0), k >= 0, sched, prefix_tree(params, t)))
         moved = slot[1] >= 0
         assert not lost and np.all(slot[0] >= 0)
-        np.testing.assert_allclose(g.sum(0), gen)  # every token is generated once
+        np.testing.assert_allclose(g.sum(0), np.asarray(t.generated_tokens))  # once each
         if layout == one:
             assert not moved.any()
             continue
@@ -225,12 +241,11 @@ def test_mlfq_schedulers_move_the_long_trajectories():
             np.testing.assert_array_equal(moved, gen > float(params.demote_tokens))
             np.testing.assert_allclose(g[0][moved], float(params.demote_tokens))
         else:
-            final = np.asarray(traj.prompt_tokens) + growth * gen
-            bucket = float(params.bucket_tokens[small[0]])
-            assert moved.any() and np.all(final[moved] > bucket)
-            early = moved & (np.asarray(traj.turns) > 1) & (gen > float(params.tokens_per_turn))
-            np.testing.assert_allclose(np.minimum(g[0][early], float(params.tokens_per_turn)),
-                                       g[0][early])  # at the latest at the first tool return
+            assert int(small[0]) == 0  # this layout's first tier is tp 1: a 4,000-token bucket
+            np.testing.assert_array_equal(moved, long)
+            limit = np.maximum((4000.0 - np.asarray(traj.prompt_tokens)) / growth, 0.0)
+            np.testing.assert_allclose(g[0][moved], np.floor(np.minimum(tpt, limit))[moved])
+            # (at the first tool return, or earlier where the prompt nearly fills the bucket)
     # Libra's elastic pool: one step of GPUs to training (ratio >= 1.15) or to rollout
     # (<= 0.90), same training tp and pp, the fastest such layout; none in between.
     seconds = np.random.default_rng(0).uniform(1, 2, lay.count).astype(np.float32)

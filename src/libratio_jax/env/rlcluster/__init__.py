@@ -8,6 +8,7 @@ from libratio_jax.env.rlcluster.env import (
     RULE_NAMES,
     SCHEDULERS,
     Outcome,
+    PrefixTree,
     RLClusterAction,
     RLClusterEnv,
     RLClusterParams,
@@ -17,13 +18,15 @@ from libratio_jax.env.rlcluster.env import (
     make_params,
     observation,
     period_outcome,
+    prefix_tree,
     rank_layouts,
     safe_layouts,
+    tree_estimate,
 )
 from libratio_jax.env.rlcluster.layouts import Layouts, enumerate_layouts, layout_index
 
 __all__ = ["AGENT_SCHEDULERS", "MAX_STALENESS", "OBS_DIM", "RULE_NAMES", "SCHEDULERS",
-           "Layouts", "Outcome", "RLClusterAction", "RLClusterEnv", "RLClusterParams",
+           "Layouts", "Outcome", "PrefixTree", "RLClusterAction", "RLClusterEnv", "RLClusterParams",
            "RLClusterState", "Trajectories", "draw_trajectories", "enumerate_layouts",
-           "layout_index", "make_params", "observation", "period_outcome", "rank_layouts",
-           "safe_layouts"]
+           "layout_index", "make_params", "observation", "period_outcome", "prefix_tree",
+           "rank_layouts", "safe_layouts", "tree_estimate"]

@@ -38,10 +38,10 @@ proportional to the prompt), 2 ``predicted`` (longest predicted first: the predi
 true length times a log-normal error ``predictor_sigma``, a one-shot length predictor);
 3 ``la_mlfq`` and 4 ``c_mlfq`` (Libra's multi-level feedback queues: every trajectory starts
 on the smallest-tp instances and moves to the larger ones after ``demote_tokens`` generated
-tokens, respectively when the prefix tree's estimate at a tool return says it is long; see
-``_mlfq_segments``); 5 ``oracle`` (longest true first) is for upper bounds only
-(:func:`period_outcome`). Ordered schedulers place each trajectory on the instance that would
-finish it earliest by their estimate.
+tokens, respectively when the prefix tree learned from the last period's tool returns says
+it is long at a tool return; see ``_mlfq_segments`` and :func:`prefix_tree`); 5 ``oracle``
+(longest true first) is for upper bounds only (:func:`period_outcome`). Ordered schedulers
+place each trajectory on the instance that would finish it earliest by their estimate.
 
 Shapes: observation ``[OBS_DIM]`` (see :func:`observation`); action
 :class:`RLClusterAction` of int32 scalars.
@@ -78,6 +78,12 @@ SCHEDULERS: tuple[str, ...] = ("fifo", "prompt_aware", "predicted", "la_mlfq", "
 AGENT_SCHEDULERS = 5  # an action picks one of the first five; "oracle" is an upper bound
 LA_MLFQ, C_MLFQ = SCHEDULERS.index("la_mlfq"), SCHEDULERS.index("c_mlfq")
 MAX_TOOL_RETURNS = 64  # C-MLFQ's decision points per trajectory (static; turns above: none)
+# C-MLFQ's prefix tree: a tool return's state is (tool type, payload size small/medium/large,
+# status success/failure/timeout); the tree keeps the first TREE_DEPTH returns' states.
+TOOL_STATES = 3 * 3 * 3
+TREE_DEPTH = 2
+TREE_NODES = 1 + TOOL_STATES + TOOL_STATES**2  # the root, depth 1, depth 2
+TREE_MIN_OBSERVATIONS = 4  # a node with fewer observations defers to its parent
 MAX_STALENESS = 8
 MAX_BATCH = 1 << 16  # trajectories per RL step (static: arrays of this length per period)
 RULE_NAMES: tuple[str, ...] = ("invalid_action", "train_out_of_memory", "rollout_out_of_memory")
@@ -127,20 +133,23 @@ class RLClusterParams:
     bucket_tokens: jnp.ndarray  # [len(TP_CHOICES)] C-MLFQ: max tokens of the bucket an
     # instance of each tp serves (Libra: tp 1 <= 4,000, tp 2 <= 12,000, tp 4 <= 30,000)
     demote_tokens: jnp.ndarray  # LA-MLFQ: demoted after this many generated tokens
-    prefix_sigma: jnp.ndarray  # C-MLFQ: log error of the remaining-length estimate at the
-    # first tool return (shrinks as 1/sqrt(returns seen))
+    tool_signal: jnp.ndarray  # how strongly a tool return's payload size and status follow
+    # the trajectory's length (0: they say nothing)
 
 
 @struct.dataclass
 class Trajectories:
     """One period's trajectories, ``[N]`` each: prompt and generated tokens, tool calls, off-GPU
-    seconds (tools and sandbox start), the predictor's standard-normal error draw."""
+    seconds (tools and sandbox start), the predictor's standard-normal error draw, and the
+    states of the first tool returns (``[N, TREE_DEPTH]``, index into ``TOOL_STATES``: type,
+    payload size and status; long trajectories return larger payloads and fail more often)."""
 
     prompt_tokens: jnp.ndarray
     generated_tokens: jnp.ndarray
     turns: jnp.ndarray
     wait_seconds: jnp.ndarray
     predictor_noise: jnp.ndarray
+    tool_states: jnp.ndarray  # [N, TREE_DEPTH] int32: the first tool returns' states
 
 
 @struct.dataclass
@@ -198,7 +207,7 @@ def make_params(model="Qwen3-8B", *, gpu: str = "H100-SXM", total_gpus: int = 32
         drift_range=(0.0, np.log(3.0)), tail_weight_range=(0.05, 0.15),
         tail_drift_range=(0.0, 0.1), tail_ratio=5.0, prompt_correlation=0.5,
         predictor_sigma=0.3, bucket_tokens=(4000.0, 12_000.0, 30_000.0, 30_000.0),
-        demote_tokens=3000.0, prefix_sigma=0.6)
+        demote_tokens=3000.0, tool_signal=0.8)
     unknown = set(overrides) - set(fields)
     if unknown:
         raise ValueError(f"unknown RLCluster parameter(s) {sorted(unknown)}; "
@@ -262,9 +271,80 @@ def draw_trajectories(key, params: RLClusterParams, scenario: DriftScenario, per
     generated = jnp.floor(jnp.clip(generated, 1.0, room))
     tool = jax.random.uniform(k[3], (n,), jnp.float32, params.tool_seconds_low,
                               params.tool_seconds_high)
+    # Tool returns: the type is uninformative; payload size and status are ordinal draws
+    # shifted by the trajectory's length signal (its log-length's deviation, in body sigmas).
+    signal = (log_g - scenario.generated_log_mean - frac * scenario.drift) / jnp.maximum(
+        params.generated_log_sigma, 1e-3)
+    k_t = jax.random.split(jax.random.fold_in(key, 7), 2)
+    kind = jax.random.randint(k_t[0], (n, TREE_DEPTH), 0, 3)
+    noisy = params.tool_signal * signal[:, None, None] + jax.random.normal(
+        k_t[1], (n, TREE_DEPTH, 2))
+    size, status = (jnp.digitize(noisy[..., i], jnp.array([-0.6, 0.6])) for i in range(2))
     return Trajectories(prompt_tokens=jnp.floor(prompt), generated_tokens=generated,
                         turns=turns, wait_seconds=turns * tool + params.sandbox_seconds,
-                        predictor_noise=jax.random.normal(k[4], (n,)))
+                        predictor_noise=jax.random.normal(k[4], (n,)),
+                        tool_states=(kind * 9 + size * 3 + status).astype(jnp.int32))
+
+
+def _tree_nodes(tool_states) -> jnp.ndarray:
+    """``[N, TREE_DEPTH + 1]``: each trajectory's prefix-tree node at depth 0 (the root),
+    1, 2..."""
+    nodes, base, code = [jnp.zeros(tool_states.shape[0], jnp.int32)], 1, 0
+    for d in range(TREE_DEPTH):
+        code = code * TOOL_STATES + tool_states[:, d]
+        nodes.append(base + code)
+        base += TOOL_STATES ** (d + 1)
+    return jnp.stack(nodes, axis=1)
+
+
+@struct.dataclass
+class PrefixTree:
+    """C-MLFQ's statistics per node (``[TREE_NODES]``): observations, and the mean and p90 of
+    the generated tokens still to come after the node's tool returns (p90 of a log-normal
+    fit)."""
+
+    count: jnp.ndarray
+    mean_remaining: jnp.ndarray
+    p90_remaining: jnp.ndarray
+
+
+def prefix_tree(params: RLClusterParams, seen: Trajectories) -> PrefixTree:
+    """The tree C-MLFQ learns from finished trajectories ``seen``: a trajectory that made more
+    than ``d`` tool returns counts at its depth-``d`` node, with the tokens it generated after
+    them (the root: all of them)."""
+    nodes = _tree_nodes(seen.tool_states)  # [N, D + 1]
+    depth = jnp.arange(TREE_DEPTH + 1, dtype=jnp.float32)
+    remaining = seen.generated_tokens[:, None] - depth * params.tokens_per_turn
+    ok = (depth < seen.turns[:, None]) & (remaining > 0)
+    log_r = jnp.log(jnp.maximum(remaining, 1.0))
+
+    def total(x):
+        return jax.ops.segment_sum(jnp.where(ok, x, 0.0).reshape(-1), nodes.reshape(-1),
+                                   TREE_NODES)
+
+    count = total(jnp.ones_like(remaining))
+    n = jnp.maximum(count, 1.0)
+    mu = total(log_r) / n
+    sigma = jnp.sqrt(total((log_r - mu[nodes]) ** 2) / n)  # two passes: no cancellation
+    return PrefixTree(count=count, mean_remaining=total(remaining) / n,
+                      p90_remaining=jnp.exp(mu + 1.2816 * sigma))
+
+
+def tree_estimate(params: RLClusterParams, tree: PrefixTree, traj: Trajectories):
+    """``(mean, p90)``, ``[N, MAX_TOOL_RETURNS]``: C-MLFQ's estimate of the tokens each
+    trajectory still generates after its ``k``-th tool return (``k`` = 1, 2, ...), from the
+    deepest node of its path the return knows with at least ``TREE_MIN_OBSERVATIONS``
+    (the root otherwise), less the tokens generated since that node."""
+    nodes = _tree_nodes(traj.tool_states)  # [N, D + 1]
+    trusted = (tree.count[nodes] >= TREE_MIN_OBSERVATIONS).at[:, 0].set(True)
+    returns = jnp.arange(1, MAX_TOOL_RETURNS + 1)
+    levels = jnp.arange(TREE_DEPTH + 1)
+    known = levels[None, :] <= jnp.minimum(returns, TREE_DEPTH)[:, None]  # [K, D + 1]
+    depth = jnp.max(jnp.where(trusted[:, None, :] & known[None], levels, 0), axis=-1)
+    node = jnp.take_along_axis(nodes, depth, axis=1)  # [N, K]
+    since = (returns - depth) * params.tokens_per_turn
+    return (jnp.maximum(tree.mean_remaining[node] - since, 0.0),
+            jnp.maximum(tree.p90_remaining[node] - since, 0.0))
 
 
 def _estimates(params, traj: Trajectories, scheduler):
@@ -278,7 +358,7 @@ def _estimates(params, traj: Trajectories, scheduler):
 
 
 def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, active,
-                   scheduler):
+                   scheduler, tree: PrefixTree):
     """Where LA-MLFQ or C-MLFQ runs each trajectory: ``((slot, prompt, generated, wait)``, each
     ``[2, N]`` (segment 0 on the small tier, segment 1 after the move; slot -1 where a
     trajectory does not move), ``lost``: a trajectory fits no instance).
@@ -287,11 +367,10 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
     (a homogeneous layout has one tier: nobody moves, as FIFO). Every trajectory starts on the
     first tier (least connections, arrival order). LA-MLFQ demotes it after
     ``demote_tokens`` generated tokens (Libra's LA-MLFQ baseline: 3,000; its 10,000-token level
-    has no third tier here). C-MLFQ decides at each tool return: the prefix tree's estimate of
-    the remaining tokens is the truth times ``exp(prefix_sigma z / sqrt(returns))`` (one draw
-    ``z`` per trajectory: the tree's error shrinks as the path grows); it moves when the mean
-    estimate takes the context past the first tier's bucket (``bucket_tokens`` of its tp; the
-    p90, above the mean, agrees), and in any case when the context reaches that limit. A move
+    has no third tier here). C-MLFQ decides at each tool return with its prefix tree
+    (:func:`tree_estimate`): it moves when both the mean and the p90 of the tokens still to
+    come take the context past the first tier's bucket (``bucket_tokens`` of its tp), and in
+    any case when the context reaches that limit. A move
     recomputes the context on the new instance or transfers its KV cache
     (:func:`~libratio_jax.physics.rollout.migration_seconds`); the later tool outputs are
     prefilled there."""
@@ -306,10 +385,13 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
     limit = jnp.maximum((bucket - traj.prompt_tokens) / growth, 0.0)
     returns = jnp.arange(1, MAX_TOOL_RETURNS + 1, dtype=jnp.float32)  # [K]
     seen = returns * params.tokens_per_turn  # generated tokens at each tool return
-    estimate = (gen[:, None] - seen) * jnp.exp(params.prefix_sigma * traj.predictor_noise[:, None]
-                                               / jnp.sqrt(returns))
-    long = ((returns < turns[:, None]) & (seen < gen[:, None])
-            & (traj.prompt_tokens[:, None] + growth * (seen + estimate) > bucket))
+    mean, p90 = tree_estimate(params, tree, traj)
+
+    def past_bucket(rest):
+        return traj.prompt_tokens[:, None] + growth * (seen + rest) > bucket
+
+    long = ((returns < turns[:, None]) & (seen < gen[:, None]) & past_bucket(mean)
+            & past_bucket(p90))
     c_move = jnp.minimum(jnp.min(jnp.where(long, seen, jnp.inf), axis=1), limit)
     move_at = jnp.floor(jnp.where(scheduler == LA_MLFQ, params.demote_tokens, c_move))
     moves = jnp.any(tier1) & (move_at < gen)
@@ -352,9 +434,11 @@ def move_seconds(params: RLClusterParams, previous_layout, layout):
 
 @jax.jit
 def period_outcome(params: RLClusterParams, traj: Trajectories, layout, scheduler,
-                   previous_layout) -> Outcome:
+                   previous_layout, seen: Trajectories | None = None) -> Outcome:
     """The period's times, throughput, broken rules and reward for a decision (int32 scalars,
-    assumed in range; :meth:`RLClusterEnv.step` flags those that are not). Pure; ``vmap`` it
+    assumed in range; :meth:`RLClusterEnv.step` flags those that are not). ``seen``: the
+    finished trajectories C-MLFQ's prefix tree learned from (the env passes the last
+    period's; default ``traj`` itself, a planner's view of its history). Pure; ``vmap`` it
     over layouts to rank them (as the planners do)."""
     lay = params.layouts
     staleness = params.staleness
@@ -380,7 +464,8 @@ def period_outcome(params: RLClusterParams, traj: Trajectories, layout, schedule
         return seconds, jnp.any(slot < 0)
 
     def migrating():  # LA-MLFQ / C-MLFQ: start on the small tier, move up when demoted
-        segments, lost = _mlfq_segments(params, traj, costs, kind, active, scheduler)
+        tree = prefix_tree(params, traj if seen is None else seen)
+        segments, lost = _mlfq_segments(params, traj, costs, kind, active, scheduler, tree)
         return R.instance_seconds(costs, *segments, kind, spread), lost
 
     seconds, lost = jax.lax.cond((scheduler == LA_MLFQ) | (scheduler == C_MLFQ), migrating,
@@ -513,7 +598,8 @@ class RLClusterEnv(Environment):
         kept = jnp.maximum(state.layout, 0)
         layout = jnp.where(in_range, layout, kept)
         scheduler = jnp.where(in_range, scheduler, state.scheduler)
-        out = period_outcome(params, state.upcoming, layout, scheduler, state.layout)
+        out = period_outcome(params, state.upcoming, layout, scheduler, state.layout,
+                             state.history)
         rules = jnp.concatenate([~in_range[None], out.rules[1:] & in_range])
         valid = ~jnp.any(rules)
         reward = jnp.where(valid, out.reward, 0.0).astype(jnp.float32)
