@@ -120,8 +120,7 @@ def libra(params: RLClusterParams, scheduler: int = C_MLFQ,
             gain = (seconds[plan] - seconds[other]) * params.steps_per_period
             plan = jnp.where((side >= 0) & (gain > move_seconds(params, plan, other)), other,
                              plan)
-        return _action(jnp.where((state.layout < 0) | (plan != current), plan, state.layout),
-                       scheduler)
+        return _action(plan, scheduler)
 
     return policy
 

@@ -370,10 +370,9 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
     has no third tier here). C-MLFQ decides at each tool return with its prefix tree
     (:func:`tree_estimate`): it moves when both the mean and the p90 of the tokens still to
     come take the context past the first tier's bucket (``bucket_tokens`` of its tp), and in
-    any case when the context reaches that limit. A move
-    recomputes the context on the new instance or transfers its KV cache
-    (:func:`~libratio_jax.physics.rollout.migration_seconds`); the later tool outputs are
-    prefilled there."""
+    any case when the context reaches that limit. A move recomputes the context on the new
+    instance or transfers its KV cache (:func:`~libratio_jax.physics.rollout.
+    migration_seconds`); the later tool outputs are prefilled there."""
     n = traj.prompt_tokens.shape[0]
     small = jnp.min(jnp.where(active, kind, len(R.TP_CHOICES)))
     tier0 = active & (kind == small)
