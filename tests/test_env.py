@@ -265,7 +265,7 @@ def test_specs_validate_and_sample(env_params):
     spaces.validate_tree(spec, sample)
     with pytest.raises(ValueError, match="precision"):
         spec.precision.validate(np.full(spec.precision.shape, 99, np.int32))
-    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0), params)
     env.observation_spec().validate(obs)
     with pytest.raises(ValueError, match="shape"):
         env.observation_spec().validate(obs[:2])

@@ -183,7 +183,7 @@ GARBAGE = [("kv_precision", -7), ("kv_precision", 99), ("pool", -3), ("pool", 5)
 @pytest.fixture(scope="module")
 def fleet():
     env, params = lj.make("Fleet-v0", bank_size=4)
-    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0), params)
     step = jax.jit(env.step)
     return env, params, state, step
 

@@ -40,9 +40,10 @@ def test_reward_is_the_physics_team_reward_of_the_parsed_plan(pool):
     replies = [_plan_for_all(pool, 0), ONE, _plan_for_all(pool, 2, zero_stage=3)]
     before = [pool.scenario(i) for i in range(3)]
     results = pool.step(replies)
+    team = jax.jit(team_reward_of)
     for i, r in enumerate(results):
         parsed = T.parse_plan(replies[i], before[i])
-        g = team_reward_of(before[i], parsed.plan, pool.params.reward)[0]
+        g = team(before[i], parsed.plan, pool.params.reward)[0]
         np.testing.assert_allclose(r.reward, float(g), rtol=1e-6)
         assert r.info["round"] == 1 and r.info["stage"] == "valid"
         assert f"Reward {float(g):.3f}." in r.feedback
