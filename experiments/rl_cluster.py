@@ -183,7 +183,8 @@ def train_planner(env, params, *, iterations: int, scenarios: int, group: int, l
 def tiered_schedulers(env, params, episodes: int) -> dict:
     """Each scheduler's best step on two-tier layouts (the only ones where the MLFQs move
     trajectories) relative to FIFO's, and the best homogeneous layout's with FIFO, on the
-    first and last period of ``episodes`` held-out scenarios (mean of the ratios)."""
+    first and last period of ``episodes`` held-out scenarios (mean of the ratios; C-MLFQ's
+    tree is fitted to the same period, the planner's view)."""
     kinds = np.asarray(params.layouts.rollout_kind)
     two = np.array([len(set(k[k >= 0].tolist())) == 2 for k in kinds])
     safe = np.asarray(safe_layouts(params))
