@@ -222,7 +222,7 @@ def make_params(model="Qwen3-8B", *, gpu: str = "H100-SXM", total_gpus: int = 32
             form = ("(low, high)" if name.endswith("_range") else f"{want[0]} numbers (per tp "
                     f"in {tuple(int(t) for t in _TPS)})" if want else "a number")
             raise ValueError(f"{name}: expected {form} of finite values, got {value!r}")
-        if want and a[0] > a[1]:
+        if name.endswith("_range") and a[0] > a[1]:
             raise ValueError(f"{name}: low {a[0]} above high {a[1]}")
         arrays[name] = a
     if arrays["periods"] < 1 or arrays["steps_per_period"] < 1:
@@ -375,8 +375,7 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
     migration_seconds`); the later tool outputs are prefilled there."""
     n = traj.prompt_tokens.shape[0]
     small = jnp.min(jnp.where(active, kind, len(R.TP_CHOICES)))
-    tier0 = active & (kind == small)
-    tier1 = active & (kind != small)
+    tier1 = active & (kind != small)  # the second tier (the first: the other active ones)
     # Context per generated token: the tool outputs come every tokens_per_turn tokens.
     growth = 1.0 + params.tool_output_tokens / params.tokens_per_turn
     gen, turns = traj.generated_tokens, traj.turns
@@ -409,8 +408,8 @@ def _mlfq_segments(params: RLClusterParams, traj: Trajectories, costs, kind, act
                            R.fits(costs, context + later_outputs, gen - gen0) & ~is_small
                            & moves[:, None]])
     slot = R.assign(costs, jnp.concatenate([prompt0, prompt1]), jnp.zeros(2 * n), jnp.zeros(
-        2 * n), fit, jnp.concatenate([jnp.arange(n), n + jnp.argsort(move_at)]), kind,
-        tier0 | tier1, R.LEAST_CONNECTIONS)
+        2 * n), fit, jnp.concatenate([jnp.arange(n), n + jnp.argsort(move_at)]), kind, active,
+        R.LEAST_CONNECTIONS)
     slot0, slot1 = slot[:n], slot[n:]
     lost = jnp.any(slot0 < 0) | jnp.any(moves & (slot1 < 0))
     segments = (jnp.stack([slot0, jnp.where(moves, slot1, -1)]),
