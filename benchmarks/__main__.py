@@ -4,7 +4,8 @@
     python -m benchmarks --quick    # smaller batches, ~2 minutes
     python -m benchmarks --only evaluate plot
 
-Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``env``
+Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
+(row_statistics.py: ways to count a plan's formats per row class, docs/performance.md), ``env``
 (env_throughput.py), ``reward`` (reward_latency.py), ``sharded`` (sharded_throughput.py, in a
 fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
@@ -29,7 +30,7 @@ sys.path.insert(0, HERE)
 
 from common import RESULTS, results_folder  # noqa: E402
 
-STEPS = ("evaluate", "env", "reward", "sharded", "plot")
+STEPS = ("evaluate", "rowstats", "env", "reward", "sharded", "plot")
 
 
 def plan_bytes(tenants: int, layers: int) -> int:
@@ -65,6 +66,8 @@ def plot(folder: str, out: str | None = None) -> str:
                  if os.path.basename(p) not in platforms]
     for path in mine + committed:
         for r in json.load(open(path)):
+            if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
+                continue  # the single-call records
             key = (r["device_kind"], r["layers"])
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
@@ -104,8 +107,12 @@ def main(argv=None) -> None:
     if "evaluate" in args.only:
         import evaluate_throughput
 
-        evaluate_throughput.main(["--batches", *(["1024", "8192"] if quick else
-                                                 ["1024", "8192", "65536"]), *save])
+        evaluate_throughput.main(["--batches", *(["1", "4096"] if quick else
+                                                 ["1", "4096", "65536"]), *save])
+    if "rowstats" in args.only:
+        import row_statistics
+
+        row_statistics.main(["--batches", *(["1024"] if quick else ["1024", "4096"]), *save])
     if "env" in args.only:
         import env_throughput
 

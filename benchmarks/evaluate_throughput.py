@@ -1,15 +1,19 @@
 """Plans/s of batched ``lj.evaluate`` on the reference scenario vs the plain-Python reference.
 
-    python benchmarks/evaluate_throughput.py [--batches 1024 16384 65536] [--block-groups N]
+    python benchmarks/evaluate_throughput.py [--batches 1 4096 65536] [--block-groups N]
 
 Prints one JSON line per (resolution, batch) with: benchmark, device_kind, batch, layers,
-block_groups, plans_per_second, compile_seconds, run_seconds, reference_plans_per_second,
-speedup_vs_reference. Compile time is the first call (trace + XLA compile + one run) minus a
+block_groups, rows_per_plan (tenant slots x rows per model: the rows the kernel evaluates per
+plan), plans_per_second, row_evaluations_per_second (plans/s x rows_per_plan),
+compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference. Batch 1 is
+the jitted program on one plan (no validation: ``evaluate_single_call`` below has the whole
+call). Compile time is the first call (trace + XLA compile + one run) minus a
 steady-state run; run time is the median of ``--repeats`` steady-state calls. Then, per
 resolution, two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
 plan of host arrays (validation, dispatch and the result included; what a server step pays),
 the median of ``--repeats`` rounds of 200 calls, in a fresh process with JAX's default
-asynchronous CPU dispatch and with ``lj.inline_cpu_dispatch()`` (``dispatch``).
+asynchronous CPU dispatch and with ``lj.inline_cpu_dispatch()`` (``dispatch``), with the
+number of kernels (XLA fusions) of that program (``program_kernels``).
 """
 
 from __future__ import annotations
@@ -67,7 +71,9 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
             "tenants": sc.num_tenants,
             "layers": sc.num_layers,
             "block_groups": block_groups,
+            "rows_per_plan": sc.num_tenants * sc.num_layers,
             "plans_per_second": round(rate, 1),
+            "row_evaluations_per_second": round(rate * sc.num_tenants * sc.num_layers, 1),
             "compile_seconds": round(compile_s, 3),
             "run_seconds": round(run_s, 6),
             "reference_plans_per_second": round(ref_rate, 2),
@@ -106,13 +112,24 @@ def _single_call_here(block_groups, repeats: int, inline: bool) -> dict:
     return {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
             "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
             "block_groups": block_groups, "dispatch": "inline" if inline else "async",
-            "call_microseconds": round(1e6 * float(np.median(rounds)), 1)}
+            "call_microseconds": round(1e6 * float(np.median(rounds)), 1),
+            "program_kernels": program_kernels(sc, one)}
+
+
+def program_kernels(sc, plan) -> int:
+    """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
+    on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
+    single call of a tiny plan mostly pays (docs/performance.md)."""
+    from libratio_jax.physics.kernel import _batched
+
+    text = _batched(()).lower(sc, plan).compile().as_text()
+    return text[text.index("ENTRY"):].count("kind=k")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1024, 8192, 65536])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4096, 65536])
     ap.add_argument("--block-groups", type=int, nargs="+", default=[0, 1],
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--repeats", type=int, default=5)

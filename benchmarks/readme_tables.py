@@ -1,5 +1,5 @@
-"""The README's (and docs/rl_cluster.md's) result tables, generated from the committed results
-files so they cannot drift.
+"""The README's (and docs/rl_cluster.md's and docs/performance.md's) result tables, generated
+from the committed results files so they cannot drift.
 
     python benchmarks/readme_tables.py           # rewrite the tables in the documents
     python benchmarks/readme_tables.py --check   # exit 1 if one differs (the tests run this)
@@ -90,20 +90,30 @@ def evaluate_throughput() -> str:
             if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
                 continue
             ref = r.get("speedup_vs_reference")
+            rows_s = r["plans_per_second"] * r.get("tenants", 0) * r["layers"]
             rows.append((_device(r), r["layers"], f"{r['batch']:,}",
-                         _si(r["plans_per_second"]), f"{r['compile_seconds']:.1f} s",
-                         f"{ref:,.0f}×" if ref else ""))
-    return _table(("device", "rows per model (L)", "batch", "plans/s", "compile",
-                   "vs plain-Python reference"), rows)
+                         _si(r["plans_per_second"]), _si(rows_s) if rows_s else "",
+                         f"{r['compile_seconds']:.1f} s", f"{ref:,.0f}×" if ref else ""))
+    return _table(("device", "rows per model (L)", "batch", "plans/s", "row evaluations/s",
+                   "compile", "vs plain-Python reference"), rows)
 
 
 def evaluate_single_call() -> str:
     rows = [(_device(r), r["layers"], r.get("dispatch", "async"),
-             f"{r['call_microseconds']:.0f} µs")
+             f"{r['call_microseconds']:.0f} µs", r.get("program_kernels", ""))
             for r in _load(BENCH, "evaluate_throughput_cpu.json") or []
             if r.get("benchmark") == "evaluate_single_call"]
     return _table(("device", "rows per model (L)", "CPU dispatch",
-                   "one `lj.evaluate` call, one plan"), rows)
+                   "one `lj.evaluate` call, one plan", "kernels in its program"), rows)
+
+
+def row_statistics() -> str:
+    recs = _load(BENCH, "row_statistics_cpu.json") or []
+    batches = sorted({r["batch"] for r in recs})
+    rates = {(r["strategy"], r["batch"]): r["plans_per_second"] for r in recs}
+    strategies = list(dict.fromkeys(r["strategy"] for r in recs))
+    rows = [(f"`{s}`",) + tuple(_si(rates[(s, b)]) for b in batches) for s in strategies]
+    return _table(("strategy",) + tuple(f"plans/s, batch {b:,}" for b in batches), rows)
 
 
 def baselines() -> str:
@@ -267,12 +277,13 @@ def eval_baselines() -> str:
 
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput,
-    evaluate_single_call, baselines, jax_grpo,
+    evaluate_single_call, row_statistics, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
     oversight_baselines, recovery_baselines, eval_baselines, server_load, rl_cluster,
     rl_cluster_checks, rl_cluster_service)}
 # The files whose marked tables are generated (the README and the docs that show results).
-DOCUMENTS = (README, os.path.join(ROOT, "docs", "rl_cluster.md"))
+DOCUMENTS = (README, os.path.join(ROOT, "docs", "rl_cluster.md"),
+             os.path.join(ROOT, "docs", "performance.md"))
 
 
 def render(text: str) -> str:
