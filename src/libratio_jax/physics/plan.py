@@ -511,26 +511,26 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
 
     big = INT_LIMIT
     prec, ok_prec = integral(plan.precision, 0, F.NUM_FORMATS - 1)
-    checks = [jnp.all(ok_prec | ~scenario.models.valid, axis=-1)]
+    ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
     fields = {}
     for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
                          ("kv_precision", 0, F.NUM_FORMATS - 1), ("pool", 0, n_pools - 1)):
         fields[name], ok_f = integral(getattr(plan, name), lo, hi)
-        checks.append(ok_f)
-    no_gpus = fields["gpus"] <= 0
+        ok = ok & ok_f
+    has_gpus = fields["gpus"] > 0
+    degrees_ok = jnp.bool_(True)
     for name in ("tp", "pp", "micro_batch"):  # only used (and checked) when it has GPUs
         value, ok_f = integral(getattr(plan, name), 1, big)
         fields[name] = jnp.maximum(value, 1)
-        checks.append(ok_f | no_gpus)
+        degrees_ok = degrees_ok & ok_f
     models = scenario.models
     tp, pp = fields["tp"], fields["pp"]
-    checks += [c | no_gpus for c in (
-        scenario.cluster.valid[fields["pool"]],
-        models.n_heads.astype(jnp.int32) % tp == 0, models.n_kv_heads.astype(jnp.int32) % tp == 0,
-        fields["gpus"] % (tp * pp) == 0, pp <= models.n_blocks.astype(jnp.int32))]
-    # One reduction over the checks: its result is computed once, where element-wise logic
-    # would be fused (and redone) into every row that reads it.
-    valid = ~scenario.present | jnp.all(jnp.stack(checks, axis=-1), axis=-1)
+    structure = (degrees_ok & scenario.cluster.valid[fields["pool"]]
+                 & (models.n_heads.astype(jnp.int32) % tp == 0)
+                 & (models.n_kv_heads.astype(jnp.int32) % tp == 0)
+                 & (fields["gpus"] % (tp * pp) == 0)
+                 & (pp <= models.n_blocks.astype(jnp.int32)))
+    valid = ~scenario.present | (ok & (structure | ~has_gpus))
     keep = valid & scenario.present
     safe = Plan(precision=jnp.where(keep[:, None], prec, idle.precision),
                 **{k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()})
