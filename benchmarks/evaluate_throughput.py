@@ -12,9 +12,9 @@ steady-state run; run time is the median of ``--repeats`` steady-state calls. Th
 resolution, two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
 plan of host arrays (validation, dispatch and the result included; what a server step pays),
 the median of ``--repeats`` rounds of 200 calls, the fastest of ``SINGLE_CALL_TRIALS`` fresh
-processes (``processes``) with JAX's default
-asynchronous CPU dispatch and with ``lj.inline_cpu_dispatch()`` (``dispatch``), with the
-number of kernels (XLA fusions) of that program (``program_kernels``).
+processes (``processes``) with JAX's default asynchronous CPU dispatch and with
+``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA fusions) of that
+program (``program_kernels``).
 """
 
 from __future__ import annotations

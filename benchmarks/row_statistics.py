@@ -9,7 +9,8 @@ formats), what that first step costs in XLA with each way of grouping rows by cl
 merely reading the plan costs. One JSON line per (strategy, batch): benchmark, strategy,
 device_kind, batch, rows_per_plan, plans_per_second. Strategies:
 
-- ``read``: sum of the format ids per tenant (one pass over the plan; a floor for any kernel).
+- ``read``: sum of the format ids per tenant, widened to int32 (one plain pass over the
+  plan; the widening makes it slower than ``contiguous`` at small batches).
 - ``contiguous``: one-hot counts where each class's rows are contiguous and of one static
   length (what a class-major row layout would allow): no gather.
 - ``gather_grid``: the rows gathered into a padded ``[class, slot]`` grid of the same capacity
