@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libratio_jax.integrations import trl as hf
+from libratio_jax.physics.plan import INT_FIELDS
 from libratio_jax.scenarios import preset, preset_recipe
 from libratio_jax.testing.adversarial import SHAPES
 from libratio_jax.text import codec as T
@@ -288,3 +289,67 @@ def test_reward_functions_pickle_and_agent_ids_by_type():
                              context_plan=[context])
     assert as_int == hf.make_reward_funcs(credit=True)[2](
         None, [PLAN], scenario=[RECIPE], agent=[1], context_plan=[context])
+
+
+def _canonical_variants():
+    """Texts at and around the canonical form: each must parse as the general path reads it."""
+    base = {"id": 0, "pool": 0, "gpus": 2, "tp": 2, "pp": 1, "zero_stage": 1,
+            "recompute": True, "micro_batch": 2, "kv_precision": "fp8_e4m3",
+            "precision": {"default": "bf16", "attention": "fp8_e4m3", "attn_out": "int8",
+                          "mlp": "int4", "mlp_in": "nvfp4", "lm_head": "fp32"}}
+    other = {"id": 1, "gpus": 2, "precision": "fp8_e4m3"}
+    import json
+
+    def doc(*entries, **top):
+        return json.dumps({"tenants": list(entries), **top})
+
+    out = [doc(base, other), doc(other, base), doc(base), doc(), doc(other)]
+    for k in list(base):  # each field left out
+        out.append(doc({f: v for f, v in base.items() if f != k}, other))
+    for k, bad in [("id", None), ("id", 7), ("id", True), ("id", "0"), ("id", -1),
+                   ("gpus", 2.0), ("gpus", 2.5), ("gpus", True), ("gpus", None),
+                   ("gpus", 2**24 + 1), ("gpus", -(2**24) - 1), ("gpus", 2**24), ("tp", 0),
+                   ("tp", 3), ("zero_stage", 9), ("recompute", 1), ("recompute", "true"),
+                   ("recompute", None), ("kv_precision", "FP8"), ("kv_precision", "fp9"),
+                   ("kv_precision", 3), ("micro_batch", -1), ("pool", 5), ("precision", None),
+                   ("precision", "BF16"), ("precision", {}), ("precision", {"default": None}),
+                   ("precision", {"mlp": "fp8", "blocks": {"0": {"mlp": "bf16"}}}),
+                   ("precision", {"MLP": "fp8_e4m3"}), ("precision", {"ffn": "int8"}),
+                   ("precision", ["bf16"]), ("model", "Llama"), ("model", 3), ("notes", "x")]:
+        out.append(doc({**base, k: bad}, other))
+    out += [doc(base, {**other, "id": 0}),  # a tenant twice
+            doc(base, {k: v for k, v in other.items() if k != "id"}),  # by position
+            doc({k: v for k, v in base.items() if k != "id"}, other),
+            doc(base, other, plan="x"), json.dumps([base, other]),
+            json.dumps({"plan": {"tenants": [base]}}),
+            '{"tenants": [{"id": 0, "gpus": 1, "gpus": 2}]}',  # duplicate keys: the last
+            '{"tenants": [], "tenants": [{"id": 0, "gpus": 2}]}',
+            '{"tenants": [{"id": 0, "gpus": 2,}]}',  # repaired by the lenient path
+            "```json\n" + doc(base, other) + "\n```", "Plan: " + doc(base, other) + " done.",
+            doc(base, other) + "\n" + doc(other)]
+    return out
+
+
+def test_the_canonical_fast_path_reads_as_the_general_path(monkeypatch):
+    """Candidates the typed decoder (msgspec) accepts are spread over the plan by the fast
+    path; every text gives the same stage, reason and plan arrays as when every candidate
+    goes through orjson and the general path."""
+    texts = _canonical_variants()
+    fast = T.parse_plans(texts, [SC] * len(texts))
+    fast_stacked = T.parse_plans_stacked(texts, [SC] * len(texts))
+    assert sum(p.valid for p in fast) >= 20  # the variants exercise valid plans too
+    monkeypatch.setattr(T, "_loads_plan", T._loads)  # the general path only
+    general = T.parse_plans(texts, [SC] * len(texts))
+    for text, a, b in zip(texts, fast, general, strict=True):
+        assert (a.stage, a.reason) == (b.stage, b.reason), text
+        if b.plan is None:
+            assert a.plan is None, text
+            continue
+        for x, y in zip(jax.tree.leaves(a.plan), jax.tree.leaves(b.plan), strict=True):
+            np.testing.assert_array_equal(x, y, err_msg=text)
+    stage, reasons, prec, fields = fast_stacked
+    assert stage.tolist() == [p.stage for p in general] and reasons == [p.reason for p in general]
+    for k, p in enumerate(general):
+        if p.stage >= T.INVALID:
+            np.testing.assert_array_equal(prec[k], p.plan.precision)
+            np.testing.assert_array_equal(fields[k], [getattr(p.plan, f) for f in INT_FIELDS])

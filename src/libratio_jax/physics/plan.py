@@ -47,6 +47,7 @@ _GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out",
 
 _INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
                "pool")
+INT_FIELDS = _INT_FIELDS  # the integer fields of a Plan, in PlanParts.ints order
 
 
 @struct.dataclass
@@ -134,6 +135,11 @@ class PlanParts:
     kind_formats: list
     ints: list
     overrides: list
+
+    @classmethod
+    def idle(cls, m: int) -> PlanParts:
+        """The parts of :meth:`Plan.idle` for ``m`` tenant slots, as fresh lists to write."""
+        return cls([_IDLE_TABLE] * m, [[_IDLE_INTS[k]] * m for k in _INT_FIELDS], [])
 
 
 def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_present: int,
@@ -264,7 +270,7 @@ def _format(v: Any, field: str, where: Any) -> int:
 
 
 _ALLOWED_GROUPS = frozenset(LAYER_GROUPS) | {"default", "layers", "blocks"}
-_GROUP_ROWS = [(g, LAYER_GROUPS[g]) for g in _GROUP_ORDER]
+_GROUP_KINDS = tuple(LAYER_GROUPS[g] for g in _GROUP_ORDER)
 
 
 def _precision_spec(spec: Mapping[str, Any] | str, field: str) -> Mapping[str, Any]:
@@ -286,10 +292,17 @@ def _kind_table(groups: Mapping[str, Any], field: str, where: str = "",
         start = _format(groups.get("default", "bf16"), field, "default")
     elif "default" in groups:
         start = _format(groups["default"], field, where)
+    return kind_formats(start, [_format(groups[g], field, g) if g in groups else None
+                                for g in _GROUP_ORDER])
+
+
+def kind_formats(start: int, group_formats: Sequence[int | None]) -> list[int]:
+    """Format id per row kind (``NUM_KINDS`` entries) from one format id (or ``None``: not
+    chosen) per layer group in ``_GROUP_ORDER``: ``start`` where no chosen group applies;
+    groups later in the order win. The one statement of the groups' precedence."""
     table = [start] * A.NUM_KINDS
-    for g, kinds in _GROUP_ROWS:
-        if g in groups:
-            f = _format(groups[g], field, g)
+    for f, kinds in zip(group_formats, _GROUP_KINDS, strict=True):
+        if f is not None:
             for k in kinds:
                 table[k] = f
     return table

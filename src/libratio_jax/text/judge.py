@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from libratio_jax.physics.plan import Plan
+from libratio_jax.physics.plan import INT_FIELDS, Plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.difference import difference_rewards, team_reward_of
@@ -250,7 +250,6 @@ class RewardEngine:
         reasons = [""] * n
         agents = np.full(n, -1, np.int64)
         scenario_slot = np.zeros(n, np.int32)
-        plans: list[Plan | None] = [None] * n
         todo: list[tuple[int, Any, Any, int, Any]] = []  # (row, key, tables, agent, base)
         for b in range(n):
             try:
@@ -271,15 +270,16 @@ class RewardEngine:
                 todo.append((b, key, tables, a, base))
             except Exception as e:  # noqa: BLE001 - one bad row never spoils its batch
                 stage[b], reasons[b] = T.NO_JSON, T.shorten(f"cannot judge this row: {e!r}")
-        parsed = T.parse_plans([texts[b] for b, *_ in todo], [t for _, _, t, _, _ in todo],
-                               agents=[a if a >= 0 else None for *_, a, _ in todo],
-                               base_plans=[base for *_, base in todo])
-        for (b, key, tables, _, _), p in zip(todo, parsed, strict=True):
-            stage[b], reasons[b] = p.stage, p.reason
-            if p.valid:
+        parsed_stage, parsed_reason, prec, fields = T.parse_plans_stacked(
+            [texts[b] for b, *_ in todo], [t for _, _, t, _, _ in todo],
+            agents=[a if a >= 0 else None for *_, a, _ in todo],
+            base_plans=[base for *_, base in todo]) if todo else ((), (), None, None)
+        chosen = np.zeros(n, np.int64)  # row of each completion's plan in prec / fields
+        for k, (b, key, tables, _, _) in enumerate(todo):
+            stage[b], reasons[b], chosen[b] = parsed_stage[k], parsed_reason[k], k
+            if stage[b] == T.VALID:
                 try:
                     scenario_slot[b] = self.bank.slot(key, tables.scenario)
-                    plans[b] = p.plan
                 except Exception as e:  # noqa: BLE001 - one bad row never spoils its batch
                     stage[b], reasons[b] = T.NO_JSON, T.shorten(f"cannot judge this row: {e!r}")
         parse_s = time.perf_counter() - t0
@@ -291,9 +291,12 @@ class RewardEngine:
         if valid.any():
             idx = np.flatnonzero(valid)
             pad = _bucket(len(idx), 8) - len(idx)
-            chosen = [plans[i] for i in idx] + [plans[idx[0]]] * pad
-            stacked = jax.tree.map(lambda *x: np.stack(x), *chosen)
-            slots = np.concatenate([scenario_slot[idx], np.full(pad, scenario_slot[idx[0]])])
+            sel = np.concatenate([idx, np.full(pad, idx[0])])
+            rows = chosen[sel]
+            ints = fields[rows]
+            stacked = Plan(precision=prec[rows],
+                           **{f: ints[:, j] for j, f in enumerate(INT_FIELDS)})
+            slots = scenario_slot[sel]
             gg, ff, dd = jax.device_get(_judge(self.bank.arrays(), slots.astype(np.int32),
                                                stacked, self.params, self.credit))
             k = len(idx)
