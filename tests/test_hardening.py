@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libratio_jax.integrations import trl as hf
+from libratio_jax.physics import formats as F
 from libratio_jax.physics.plan import INT_FIELDS
 from libratio_jax.scenarios import preset, preset_recipe
 from libratio_jax.testing.adversarial import SHAPES
@@ -31,6 +32,11 @@ def _seconds(fn, repeats=5):
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_shapes_fit_their_size(name):
+    assert len(ADVERSARIAL[name](32 * 1024)) <= 32 * 1024 and ADVERSARIAL[name](64)
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
@@ -69,6 +75,31 @@ def test_budget_and_limits_are_reported():
     assert r.stage == T.NO_JSON and "last" in r.reason
     long_id = '{"tenants":[{"id":"' + "1" * 100 + '","gpus":1}]}'
     assert "characters" in T.parse_plan(long_id, SC).reason
+
+
+def test_the_bracket_budget_reads_the_tail():
+    """Only the last MAX_BRACKETS brackets of a text are scanned for JSON spans: a plan after
+    any amount of bracketed prose is found; one before it is not, and the reason says why."""
+    prose = "[[]] see (a) {} " * (T.MAX_BRACKETS // 2)
+    assert T.parse_plan("Plan: " + prose + PLAN + " done.", SC).valid
+    r = T.parse_plan("Plan: " + PLAN + " then " + prose, SC)
+    assert not r.valid and f"last {T.MAX_BRACKETS} brackets" in r.reason
+    # under the budget, nothing is cut
+    assert T.parse_plan("Plan: " + PLAN + " then " + "[x] " * 100, SC).valid
+
+
+def test_overrides_are_bounded_by_the_model_rows():
+    """A precision's ``layers`` / ``blocks`` may not list more entries than the model has rows
+    (each costs a conversion; more must repeat or miss a row)."""
+    rows = SC.num_layers
+    layers = ",".join(f'"{i}": "fp32"' for i in range(rows))
+    ok = T.parse_plan('{"tenants": [{"id": 0, "gpus": 2, "precision": {"layers": {'
+                      + layers + '}}}, {"id": 1}]}', SC)
+    assert ok.valid and (np.asarray(ok.plan.precision[0])[np.asarray(SC.models.valid[0])]
+                         == F.FP32).all()
+    too_many = T.parse_plan('{"tenants": [{"id": 0, "precision": {"layers": {' + layers
+                            + f', "0{rows}": "fp32"' + '}}}]}', SC)
+    assert too_many.stage == T.NOT_A_PLAN and f"for a model of {rows} rows" in too_many.reason
 
 
 @pytest.mark.parametrize("text", ["zero-3", "ZeRO stage 3", "stage_3", " 3 ", "3"])

@@ -86,10 +86,12 @@ STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 
 # The parser's budget per completion: the longest text searched (the tail is kept: answers
 # come last), the most JSON candidates decoded, and the longest text a number or a name may
-# have. Every step is linear in the text (no backtracking regular expression, no rescans), so
+# have, and the brackets scanned for JSON spans (the last MAX_BRACKETS of a text: the span scan
+# is a Python loop per bracket, bounded so). Every step is linear in the text (no backtracking regular expression, no rescans), so
 # a completion costs at most O(MAX_TEXT_CHARS) work whatever it holds.
 MAX_TEXT_CHARS = 32_768
 MAX_DECODE_ATTEMPTS = 64
+MAX_BRACKETS = 2_048  # brackets scanned per candidate text (its last ones: the answer's)
 MAX_VALUE_CHARS = 64
 _FALLBACK_OPENERS = 16  # openers tried back from the last closing bracket (see _plan_values)
 MAX_REASON_CHARS = 240
@@ -162,12 +164,21 @@ _FALSE = {"false", "no", "off", "0", "none", "disabled"}
 # Linear-time patterns only: no nested or adjacent overlapping repetitions.
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
+_PY_JSON = {"True": "true", "False": "false", "None": "null"}
 _INT_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?")
 _THINK_START = re.compile(re.escape("<think>"), re.I)
 _THINK_END = re.compile(re.escape("</think>"), re.I)
 _OPENER = re.compile(r"[{\[]")
 # Inside brackets: skip strings (whole, escapes included) and other text up to the next
 # bracket, which group 1 captures ('' at the end). Deterministic: linear.
+# A top-level span with no bracket inside it (``{"a": 1}``, ``[1, 2]``): what the token loop
+# below would find, in one anchored match. Its alternatives start with different characters
+# and it stops at the first bracket, so a failed match costs at most the text the token loop
+# reads next (linear).
+_FLAT_SPAN = re.compile(r'\{(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\}'
+                        r'|\[(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\]', re.S)
+# The tail of a (reversed) text holding its last MAX_BRACKETS brackets: one anchored match.
+_LAST_BRACKETS = re.compile(r"(?:[^{}\[\]]*[{}\[\]]){%d}" % MAX_BRACKETS)
 _INSIDE_BRACKETS = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^{}\[\]"])*([{}\[\]]|$)', re.S)
 _SEPARATORS = " \t\r\n_-#"
 
@@ -430,24 +441,37 @@ def _fenced_blocks(text: str) -> list[str]:
     return out
 
 
-def _json_spans(text: str) -> list[tuple[int, int]]:
+def _bracket_tail(text: str) -> int:
+    """Where the scan for spans starts: 0, or the ``MAX_BRACKETS``-th bracket from the end of
+    a text with more (C-speed counts and one anchored match: linear)."""
+    if sum(map(text.count, "{}[]")) <= MAX_BRACKETS:
+        return 0
+    return len(text) - _LAST_BRACKETS.match(text[::-1]).end()
+
+
+def _json_spans(text: str, pos: int = 0) -> list[tuple[int, int]]:
     """``(start, end)`` of every top-level balanced ``{...}`` / ``[...]`` of ``text``, in order,
     in one pass: regular-expression searches skip prose to the next opener and, inside
     brackets, take each JSON string as one token (so a stray quote in prose cannot hide the
     JSON, and brackets inside strings do not count). Openers left unclosed, or dropped by a
     mismatched closer, do not hide what they enclose: spans directly inside them count as top
-    level."""
+    level. The scan starts at ``pos``."""
     if "}" not in text and "]" not in text:
         return []  # nothing closes: no span (a C-speed scan spares the token loop)
     spans = []  # (start, end, depth, position of the innermost enclosing opener)
     stack: list[tuple[str, int]] = []
     dropped: set[int] = set()
-    pos, n = 0, len(text)
+    n = len(text)
     while pos < n:
         if not stack:
             m = _OPENER.search(text, pos)
             if m is None:
                 break
+            flat = _FLAT_SPAN.match(text, m.start())
+            if flat is not None:  # a span with no bracket inside: one match, not tokens
+                spans.append((m.start(), flat.end(), 0, -1))
+                pos = flat.end()
+                continue
             stack.append((m.group(), m.start()))
             pos = m.end()
             continue
@@ -482,12 +506,12 @@ def _loads(text: str) -> tuple[bool, Any]:
         return False, None
 
 
-def _plan_values(chunk: str, budget: list[int], shaped: Callable[[Any], bool] | None = None,
+def _plan_values(chunk: str, budget: list, shaped: Callable[[Any], bool] | None = None,
                  loads: Callable[[str], tuple[bool, Any]] | None = None) -> tuple[Any, bool]:
     """``(the last plan-shaped JSON value of chunk or None, whether any JSON decoded)``:
     the whole chunk first (the common case: a fence holding only the plan), then its top-level
     bracketed spans from the last one back (the answer comes last), each decode costing one
-    unit of ``budget``. Spans without a quote cannot hold a plan's keys and cost nothing.
+    unit of ``budget[0]`` (``budget[1]`` is set when brackets were left unscanned). Spans without a quote cannot hold a plan's keys and cost nothing.
     ``shaped``: what counts as a plan (default :func:`_plan_shaped`); ``loads``: how a
     candidate is decoded (default :func:`_loads`)."""
     shaped = shaped or _plan_shaped
@@ -503,7 +527,9 @@ def _plan_values(chunk: str, budget: list[int], shaped: Callable[[Any], bool] | 
             found = True
     if '"' not in chunk and "'" not in chunk:
         return None, found  # no keys anywhere: no plan (and nothing to scan)
-    for start, end in reversed(_json_spans(chunk)):
+    tail = _bracket_tail(chunk)
+    budget[1] |= tail > 0
+    for start, end in reversed(_json_spans(chunk, tail)):
         span = chunk[start:end]
         if '"' not in span and "'" not in span:
             continue
@@ -520,7 +546,7 @@ def _plan_values(chunk: str, budget: list[int], shaped: Callable[[Any], bool] | 
     # last few openers up to there (a bounded number of linear attempts).
     if budget[0] <= 0:
         return None, found
-    text = _repair(chunk)  # once, then strict decodes of its slices
+    text = _repair(stripped)  # once (as the whole-chunk decode), then strict decodes of slices
     last = max(text.rfind("}"), text.rfind("]")) + 1
     pos = last
     for _ in range(_FALLBACK_OPENERS):
@@ -538,12 +564,14 @@ def _plan_values(chunk: str, budget: list[int], shaped: Callable[[Any], bool] | 
     return None, found
 
 
+@functools.lru_cache(maxsize=8)
 def _repair(text: str) -> str:
     """Lenient fixes: trailing commas, Python literals, single quotes (if no double ones).
-    None of them changes valid JSON outside its strings."""
+    None of them changes valid JSON outside its strings. (Kept for the last few texts: the
+    whole-chunk decode and the fallback below repair the same text.)"""
     text = _TRAILING_COMMA.sub(r"\1", text)
-    text = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m[1]],
-                           text)
+    if "True" in text or "False" in text or "None" in text:  # the regex is slow to scan
+        text = _PY_LITERAL.sub(lambda m: _PY_JSON[m[1]], text)
     if '"' not in text:
         text = text.replace("'", '"')
     return text
@@ -594,7 +622,7 @@ def _extract(text: Any, shaped, expected: str, loads) -> tuple[Any, int, str]:
     text = _strip_thinking(text[-MAX_TEXT_CHARS:])
     if not text.strip():
         return None, NO_JSON, "empty completion"
-    budget = [MAX_DECODE_ATTEMPTS]
+    budget = [MAX_DECODE_ATTEMPTS, False]  # decodes left, whether brackets were left unread
     found_json = False
     # Fenced blocks first (the last plan in a fence wins), then the whole text.
     for chunks in (_fenced_blocks(text), [text]):
@@ -608,6 +636,8 @@ def _extract(text: Any, shaped, expected: str, loads) -> tuple[Any, int, str]:
         note = f" (stopped after {MAX_DECODE_ATTEMPTS} JSON candidates)"
     elif cut:
         note = f" (only the last {MAX_TEXT_CHARS} characters are read)"
+    elif budget[1]:
+        note = f" (only the last {MAX_BRACKETS} brackets of a text are scanned)"
     if found_json:
         return None, NOT_A_PLAN, f"JSON found, but not a plan (expected {expected})" + note
     return None, NO_JSON, "no JSON value found" + note
@@ -674,8 +704,10 @@ def _as_format(v: Any, field: str) -> int:
     return fid
 
 
-def _norm_precision(v: Any, field: str) -> dict:
-    """A ``precision`` value in :func:`~libratio_jax.physics.plan.choices_to_arrays` form."""
+def _norm_precision(v: Any, field: str, n_rows: int) -> dict:
+    """A ``precision`` value in :func:`~libratio_jax.physics.plan.choices_to_arrays` form.
+    ``blocks`` and ``layers`` may not have more entries than the model has rows (``n_rows``):
+    more must repeat or miss a row, and each costs a conversion."""
     if not isinstance(v, Mapping):
         return {"default": _as_format(v, field)}
     out: dict[str, Any] = {}
@@ -686,11 +718,13 @@ def _norm_precision(v: Any, field: str) -> dict:
                              f"default, {', '.join(LAYER_GROUPS)}, blocks, layers")
         if g in out:
             raise _PlanError(f"{field}: layer group {g!r} given twice")
+        if g in ("blocks", "layers") and isinstance(x, Mapping) and len(x) > n_rows:
+            raise _PlanError(f"{field}.{g}: {len(x)} overrides for a model of {n_rows} rows")
         if g == "blocks":
             if not isinstance(x, Mapping):
                 raise _PlanError(f"{field}.blocks must map block numbers to group formats")
-            out[g] = {_as_int(b, f"{field}.blocks key"): _norm_precision(gs, f"{field}.blocks")
-                      for b, gs in x.items()}
+            out[g] = {_as_int(b, f"{field}.blocks key"): _norm_precision(
+                gs, f"{field}.blocks", n_rows) for b, gs in x.items()}
             if any(set(gs) & {"blocks", "layers"} for gs in out[g].values()):
                 raise _PlanError(f"{field}.blocks: overrides cannot nest")
         elif g == "layers":
@@ -803,9 +837,10 @@ def _canonical_parts(plan: _CanonicalPlan, n_slots: int, present) -> PlanParts |
 _KV, _GPUS = INT_FIELDS.index("kv_precision"), INT_FIELDS.index("gpus")
 
 
-def _tenant_choices(entries, n_slots: int, present: np.ndarray,
-                    agent: int | None) -> dict[int, dict]:
-    """Per tenant id, its choices in :func:`choices_to_arrays` form."""
+def _tenant_choices(entries, n_slots: int, present: np.ndarray, agent: int | None,
+                    n_rows: int) -> dict[int, dict]:
+    """Per tenant id, its choices in :func:`choices_to_arrays` form (``n_rows``: rows per
+    model, the most overrides a precision may list)."""
     out: dict[int, dict] = {}
     for pos, (key, e) in enumerate(entries):
         where = f"tenant entry {pos}"
@@ -830,7 +865,7 @@ def _tenant_choices(entries, n_slots: int, present: np.ndarray,
             if f in ch:
                 raise _PlanError(f"{where}: field {f!r} given twice")
             if f == "precision":
-                ch[f] = _norm_precision(v, f"{where}.precision")
+                ch[f] = _norm_precision(v, f"{where}.precision", n_rows)
             elif f == "kv_precision":
                 ch[f] = _as_format(v, f"{where}.kv_precision")
             elif f == "recompute":
@@ -956,7 +991,8 @@ def _parse_grouped(texts, scenarios, agents, base_plans):
             if parts is None:
                 if canonical:
                     obj = msgspec.to_builtins(obj)  # the general path reads plain JSON values
-                choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent)
+                choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent,
+                                          t.kinds.shape[1])
                 if agent is not None:
                     out[b] = _validated(t, _agent_plan(
                         t, choices, agent, None if base_plans is None else base_plans[b]))
