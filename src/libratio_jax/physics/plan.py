@@ -44,6 +44,7 @@ LAYER_GROUPS: dict[str, tuple[int, ...]] = {
 # Groups applied first are overridden by more specific ones later.
 _GROUP_ORDER = ("attention", "mlp", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "experts",
                 "embedding", "router", "moe_router", "norm", "lm_head")
+GROUP_ORDER = _GROUP_ORDER  # the order kind_formats applies the layer groups in
 
 _INT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch",
                "pool")

@@ -63,10 +63,10 @@ from libratio_jax.physics import formats as F
 from libratio_jax.physics.hardware import GPU_NAMES
 from libratio_jax.physics.optimizer import OPTIMIZERS
 from libratio_jax.physics.plan import (
+    GROUP_ORDER,
     INT_FIELDS,
     INT_LIMIT,
     LAYER_GROUPS,
-    _GROUP_ORDER,
     Plan,
     PlanParts,
     RuleTables,
@@ -87,8 +87,9 @@ STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 # The parser's budget per completion: the longest text searched (the tail is kept: answers
 # come last), the most JSON candidates decoded, and the longest text a number or a name may
 # have, and the brackets scanned for JSON spans (the last MAX_BRACKETS of a text: the span scan
-# is a Python loop per bracket, bounded so). Every step is linear in the text (no backtracking regular expression, no rescans), so
-# a completion costs at most O(MAX_TEXT_CHARS) work whatever it holds.
+# is a Python step per bracket, bounded so). Every step is linear in the text (no backtracking
+# regular expression, no rescans), so a completion costs at most O(MAX_TEXT_CHARS) work
+# whatever it holds.
 MAX_TEXT_CHARS = 32_768
 MAX_DECODE_ATTEMPTS = 64
 MAX_BRACKETS = 2_048  # brackets scanned per candidate text (its last ones: the answer's)
@@ -178,7 +179,7 @@ _OPENER = re.compile(r"[{\[]")
 _FLAT_SPAN = re.compile(r'\{(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\}'
                         r'|\[(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\]', re.S)
 # The tail of a (reversed) text holding its last MAX_BRACKETS brackets: one anchored match.
-_LAST_BRACKETS = re.compile(r"(?:[^{}\[\]]*[{}\[\]]){%d}" % MAX_BRACKETS)
+_LAST_BRACKETS = re.compile(rf"(?:[^{{}}\[\]]*[{{}}\[\]]){{{MAX_BRACKETS}}}")
 _INSIDE_BRACKETS = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^{}\[\]"])*([{}\[\]]|$)', re.S)
 _SEPARATORS = " \t\r\n_-#"
 
@@ -511,7 +512,8 @@ def _plan_values(chunk: str, budget: list, shaped: Callable[[Any], bool] | None 
     """``(the last plan-shaped JSON value of chunk or None, whether any JSON decoded)``:
     the whole chunk first (the common case: a fence holding only the plan), then its top-level
     bracketed spans from the last one back (the answer comes last), each decode costing one
-    unit of ``budget[0]`` (``budget[1]`` is set when brackets were left unscanned). Spans without a quote cannot hold a plan's keys and cost nothing.
+    unit of ``budget[0]`` (``budget[1]`` is set when brackets were left unscanned). Spans
+    without a quote cannot hold a plan's keys and cost nothing.
     ``shaped``: what counts as a plan (default :func:`_plan_shaped`); ``loads``: how a
     candidate is decoded (default :func:`_loads`)."""
     shaped = shaped or _plan_shaped
@@ -769,7 +771,7 @@ _Format = Literal[tuple(F.FORMAT_IDS)]
 _UNSET = msgspec.UNSET
 _CanonicalPrecision = msgspec.defstruct(
     "_CanonicalPrecision",
-    [(g, _Format | msgspec.UnsetType, _UNSET) for g in ("default", *_GROUP_ORDER)],
+    [(g, _Format | msgspec.UnsetType, _UNSET) for g in ("default", *GROUP_ORDER)],
     forbid_unknown_fields=True)
 
 
