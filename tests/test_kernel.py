@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.physics.kernel import evaluate_one
+from libratio_jax.physics.kernel import _pack, evaluate_one
 from libratio_jax.physics.plan import sample_plans
 from libratio_jax.testing import reference as R
 
@@ -79,6 +79,19 @@ def test_nested_batch_axes():
     nested = lj.evaluate(sc, jax.tree.map(lambda x: x.reshape((2, 3) + x.shape[1:]), plans))
     chex.assert_trees_all_close(jax.tree.map(lambda x: x.reshape((6,) + x.shape[2:]), nested),
                                 flat, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch_shape", [(), (2, 3)])
+def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
+    """A plan of NumPy arrays is sent as one packed vector (any integer dtypes, a boolean
+    recompute): the metrics equal those of the same plan as device arrays, bit for bit."""
+    sc = lj.reference_scenario(block_groups=1)
+    plans = jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]) if batch_shape
+                         else x[0], sample_plans(sc, 6, seed=7))
+    host = jax.tree.map(lambda x: np.asarray(x, np.int64), plans)
+    host = host.replace(recompute=host.recompute.astype(bool))
+    assert _pack(host) is not None and _pack(plans) is None
+    chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
 
 
 def test_no_retrace_for_new_scenario_of_same_capacity():

@@ -16,15 +16,17 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety
 from libratio_jax.physics.memory import tenant_memory
-from libratio_jax.physics.plan import Plan, sanitize_plan, validate_plan
+from libratio_jax.physics.plan import INT_FIELDS, Plan, sanitize_plan, validate_plan
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -194,19 +196,46 @@ def map_plans(fn, plan: Plan):
     return jax.tree.map(lambda x: x.reshape((n * CPU_CHUNK,) + x.shape[2:])[:b], out)
 
 
+def _run(batch_shape: tuple[int, ...], scenario, plan) -> Metrics:
+    """Evaluation of plans with leading axes ``batch_shape`` (flattened to one)."""
+    if not batch_shape:
+        return evaluate_one(scenario, plan)
+    k = len(batch_shape)
+    flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
+    out = evaluate_batch(scenario, flat)
+    return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
+
+
 @functools.cache
 def _batched(batch_shape: tuple[int, ...]):
-    """Jitted evaluation of plans with leading axes ``batch_shape`` (flattened to one)."""
+    """Jitted :func:`_run` for plans with leading axes ``batch_shape``."""
+    return jax.jit(functools.partial(_run, batch_shape))
 
-    def run(scenario, plan):
-        if not batch_shape:
-            return evaluate_one(scenario, plan)
-        k = len(batch_shape)
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
-        out = evaluate_batch(scenario, flat)
-        return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
+
+@functools.cache
+def _packed(batch_shape: tuple[int, ...], m: int, l: int):
+    """:func:`_batched` for a plan of host arrays packed into one int32 vector (the precision
+    ``[..., M, L]``, then the integer fields ``[8, ..., M]``, each flattened): one transfer
+    to the device instead of nine, which is most of what a small call pays for its
+    arguments."""
+    n = math.prod(batch_shape)
+
+    def run(scenario, packed):
+        prec = packed[:n * m * l].reshape(batch_shape + (m, l))
+        ints = packed[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
+        return _run(batch_shape, scenario, Plan(
+            precision=prec, **{f: ints[j] for j, f in enumerate(INT_FIELDS)}))
 
     return jax.jit(run)
+
+
+def _pack(plan: Plan) -> np.ndarray | None:
+    """The plan's host arrays as one int32 vector (see :func:`_packed`), or ``None`` when a
+    field is not a NumPy array (device arrays stay where they are)."""
+    leaves = [plan.precision] + [getattr(plan, f) for f in INT_FIELDS]
+    if not all(type(x) is np.ndarray for x in leaves):
+        return None
+    return np.concatenate([x.ravel() for x in leaves], dtype=np.int32, casting="unsafe")
 
 
 def inline_cpu_dispatch() -> bool:
@@ -246,7 +275,11 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
         raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
     if validate:
         validate_plan(scenario, plan)
-    n_batch = plan.precision.ndim - 2
-    if n_batch < 0:
-        raise ValueError(f"plan.precision must be [..., M, L], got shape {plan.precision.shape}")
-    return _batched(tuple(plan.precision.shape[:n_batch]))(scenario, plan)
+    shape = np.shape(plan.precision)
+    if len(shape) < 2:
+        raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
+    batch_shape = tuple(shape[:-2])
+    packed = _pack(plan) if validate else None  # validated: every value fits int32
+    if packed is not None:
+        return _packed(batch_shape, *shape[-2:])(scenario, packed)
+    return _batched(batch_shape)(scenario, plan)
