@@ -372,13 +372,13 @@ def validate_plan(scenario, plan: Plan) -> None:
             raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
         if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
-    stacked = np.array(xs, np.int64).reshape(len(xs), -1, m)  # [fields, B, M]
     tables = rule_tables(scenario)
-    if stacked.shape[1] == 1:  # one plan: the rules on Python scalars, tenant by tenant
-        per_tenant = zip(*stacked[:, 0].tolist(), *tables.lists[:4], strict=True)
+    if not batch:  # one plan: the rules on Python scalars, tenant by tenant
+        per_tenant = zip(*(x.tolist() for x in xs), *tables.lists[:4], strict=True)
         if not any(bad for row in per_tenant
                    for bad, _ in _broken_rules(*row, *tables.lists[4:], max, _clip, _at)):
             return
+    stacked = np.array(xs, np.int64).reshape(len(xs), -1, m)  # [fields, B, M]
     tables = tables.arrays
     broken = _broken_rules(*stacked, *tables, np.maximum, np.clip, _at)
     if not np.stack([bad for bad, _ in broken]).any():  # one reduction for the common case
