@@ -20,6 +20,7 @@ program (``program_kernels``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,7 +35,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
-from libratio_jax.physics.kernel import evaluate_batch  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.testing import reference as R  # noqa: E402
 
@@ -58,7 +58,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     sc = lj.reference_scenario(block_groups=block_groups)
     base = sample_plans(sc, 4096, seed=0)
     ref_rate = reference_rate(sc, base, reference_plans)
-    fn = jax.jit(evaluate_batch)  # what lj.evaluate runs after validation
+    fn = functools.partial(lj.evaluate, validate=False)  # its jitted program, nothing more
     for batch in batches:
         plans = _tile(base, batch)
         compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats,
@@ -131,9 +131,10 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics.kernel import _batched
+    from libratio_jax.physics.kernel import _packed
 
-    text = _batched(()).lower(sc, plan).compile().as_text()
+    text = _packed((), *plan.precision.shape).lower(
+        sc, np.zeros(plan.precision.size + 8 * plan.gpus.size, np.int32)).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 
 

@@ -206,10 +206,28 @@ def _run(batch_shape: tuple[int, ...], scenario, plan) -> Metrics:
     return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
+# XLA's CPU instruction scheduler for batched evaluation: with many rows per plan the
+# memory-optimized order keeps the per-row intermediates in cache. Measured in one process
+# (batch 4,096, 2-core CPU, against the default scheduler): 4 x 399 rows +18%, 4 x 267 +36%,
+# 4 x 179 +32%; 4 x 91 rows -18%, 4 x 14 rows -16%. Hence from 512 rows per plan on.
+MEMORY_SCHEDULER_ROWS = 512
+
+
+def compiler_options(batch_shape: tuple[int, ...], rows_per_plan: int) -> dict | None:
+    """XLA options for evaluating plans of ``rows_per_plan`` rows (tenant slots x rows per
+    model) with leading axes ``batch_shape``: the memory-optimized scheduler for batches of
+    large plans on CPU (see ``MEMORY_SCHEDULER_ROWS``), else XLA's defaults (``None``)."""
+    if (math.prod(batch_shape) > 1 and rows_per_plan >= MEMORY_SCHEDULER_ROWS
+            and jax.default_backend() == "cpu"):
+        return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+    return None
+
+
 @functools.cache
-def _batched(batch_shape: tuple[int, ...]):
-    """Jitted :func:`_run` for plans with leading axes ``batch_shape``."""
-    return jax.jit(functools.partial(_run, batch_shape))
+def _batched(batch_shape: tuple[int, ...], m: int, l: int):
+    """Jitted :func:`_run` for plans ``[*batch_shape, M, L]``."""
+    return jax.jit(functools.partial(_run, batch_shape),
+                   compiler_options=compiler_options(batch_shape, m * l))
 
 
 @functools.cache
@@ -226,7 +244,7 @@ def _packed(batch_shape: tuple[int, ...], m: int, l: int):
         return _run(batch_shape, scenario, Plan(
             precision=prec, **{f: ints[j] for j, f in enumerate(INT_FIELDS)}))
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
 
 
 def _pack(plan: Plan) -> np.ndarray | None:
@@ -282,4 +300,4 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
     packed = _pack(plan) if validate else None  # validated: every value fits int32
     if packed is not None:
         return _packed(batch_shape, *shape[-2:])(scenario, packed)
-    return _batched(batch_shape)(scenario, plan)
+    return _batched(batch_shape, *shape[-2:])(scenario, plan)
