@@ -66,11 +66,12 @@ def reward_latency() -> str:
     for r in _load(BENCH, "reward_latency_cpu.json") or []:
         if r["benchmark"] != "reward_latency":
             continue
-        rows.append((f"{r['completions']:,}", "yes" if r["credit"] else "no",
-                     f"{1e3 * r['parse_seconds']:.1f} ms ({r['parse_ms_per_completion']:.2f} ms"
-                     " each)", f"{1e3 * r['evaluate_seconds']:.1f} ms",
-                     f"{1e3 * r['total_seconds']:.1f} ms"))
-    return _table(("completions", "difference credit", "parse", "evaluate", "total"), rows)
+        rows.append((f"{r['completions']:,}", r.get("cpus", 2), "yes" if r["credit"] else "no",
+                     f"{1e3 * r['parse_seconds']:.2f} ms ({1e3 * r['parse_ms_per_completion']:.0f}"
+                     " µs each)", f"{1e3 * r['evaluate_seconds']:.2f} ms",
+                     f"{1e3 * r['total_seconds']:.2f} ms"))
+    return _table(("completions", "CPU cores", "difference credit", "parse", "evaluate",
+                   "total"), rows)
 
 
 def reward_adversarial() -> str:

@@ -1,6 +1,6 @@
 """Time of one TRL reward call (parse + batched evaluation) for 64 and 1,024 completions.
 
-    python benchmarks/reward_latency.py [--batches 64 1024] [--repeats 5]
+    python benchmarks/reward_latency.py [--batches 64 1024] [--repeats 5] [--cpus 1]
 
 Completions are what a policy might write for procedural medium scenarios (a new mix of
 scenarios per call, as in GRPO): 80% a random valid plan after a ``<think>`` block in a
@@ -8,8 +8,10 @@ scenarios per call, as in GRPO): 80% a random valid plan after a ``<think>`` blo
 evaluate_seconds (medians over ``--repeats`` calls, each on fresh completions), their sum,
 compile_seconds (the first call minus a steady one: tracing and XLA compile), device_kind,
 and scenario_build_ms: the one-time cost of a prompt's scenario (recipe -> arrays), paid up
-front by ``make_reward_funcs(dataset=...)`` as here, else on its first sight. Aim (issue #4):
-<= 5 ms of evaluation for 64 completions.
+front by ``make_reward_funcs(dataset=...)`` as here, else on its first sight; ``cpus``: the
+cores the process ran on (``--cpus``, default 1: the process is pinned to one core before JAX
+starts, as issue 13's goal is stated: a reward call for 64 completions, parse + evaluate,
+<= 3 ms on one core; the worst adversarial completion of <= 32 KB <= 5 ms).
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 1024])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--scenarios", type=int, default=256, help="distinct prompts")
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="pin the process to this many cores before JAX starts (0: all)")
     add_output_args(ap)
     args = ap.parse_args(argv)
+    cpus = pin_cpus(args.cpus)
     rows = hf.build_dataset(args.scenarios, seed=0, difficulty="medium")
     built = [ScenarioRecipe.from_json(r["scenario"]).build() for r in rows]
     records = []
@@ -92,14 +97,24 @@ def main(argv=None) -> list[dict]:
                 "total_seconds": round(statistics.median(total), 5),
                 "parse_ms_per_completion": round(1e3 * statistics.median(parse) / n, 4),
                 "compile_seconds": round(max(first - statistics.median(total), 0.0), 3),
-                "scenario_build_ms": round(build_ms, 2),
+                "scenario_build_ms": round(build_ms, 2), "cpus": cpus,
             }
             print(json.dumps(rec), flush=True)
             records.append(rec)
-    records.append(adversarial(rows[0]["scenario"], args.repeats))
+    records.append({**adversarial(rows[0]["scenario"], args.repeats), "cpus": cpus})
     print(json.dumps(records[-1]), flush=True)
     save_records("reward_latency", records, args.out, args.save_results)
     return records
+
+
+def pin_cpus(n: int) -> int:
+    """Run this process (and the threads it starts from now on: JAX's) on its first ``n``
+    allowed cores (``0``: leave it as it is). Returns the cores it runs on."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if n > 0 and allowed and n < len(allowed):
+        os.sched_setaffinity(0, allowed[:n])
+        return n
+    return len(allowed) or os.cpu_count() or 1
 
 
 def adversarial(recipe: str, repeats: int, chars: int = 32 * 1024) -> dict:

@@ -384,3 +384,20 @@ def test_the_canonical_fast_path_reads_as_the_general_path(monkeypatch):
         if p.stage >= T.INVALID:
             np.testing.assert_array_equal(prec[k], p.plan.precision)
             np.testing.assert_array_equal(fields[k], [getattr(p.plan, f) for f in INT_FIELDS])
+
+
+def test_the_judge_checks_the_rules_in_its_program_as_the_parser_does():
+    """The reward engine checks the scenario's rules inside its jitted call
+    (``plan.breaks_rules``) rather than on the host: every completion gets the stage and
+    reason ``parse_plan`` gives it, and a plan that breaks a rule scores nothing."""
+    from libratio_jax.text.judge import RewardEngine
+
+    texts = _canonical_variants() + [PLAN, PLAN.replace('"gpus": 2', '"gpus": 3', 1)]
+    j = RewardEngine().judge(texts, scenario=[RECIPE] * len(texts))
+    alone = [T.parse_plan(t, SC) for t in texts]
+    assert j.stage.tolist() == [p.stage for p in alone]
+    assert j.reason == [p.reason for p in alone]
+    assert sum(p.stage == T.INVALID for p in alone) >= 5
+    bad = j.stage != T.VALID
+    assert (j.team_reward[bad] == 0).all() and not j.rules[bad].any()
+    assert (j.team_reward[~bad] > 0).all()

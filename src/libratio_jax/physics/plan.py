@@ -465,6 +465,20 @@ def invalid_plans(fields: np.ndarray, tables: Sequence[RuleTables]) -> np.ndarra
     return np.stack([bad for bad, _ in broken]).any(axis=(0, 2))
 
 
+def breaks_rules(scenario, plan: Plan) -> jnp.ndarray:
+    """Whether one plan (no batch axis, integer arrays) breaks a rule of
+    :func:`validate_plan` (format ids of the rows not included): the same rules, as a
+    jittable ``bool[]`` (``vmap`` it for batches). For callers that check many plans inside
+    their own program and ask :func:`validate_plan` for the message of a flagged one."""
+    models, cluster = scenario.models, scenario.cluster
+    fields = [getattr(plan, f).astype(jnp.int32) for f in _INT_FIELDS]
+    broken = _broken_rules(*fields, scenario.present,
+                           models.n_heads.astype(jnp.int32), models.n_kv_heads.astype(jnp.int32),
+                           models.n_blocks.astype(jnp.int32), cluster.gpu_count,
+                           cluster.valid.astype(jnp.int32), jnp.maximum, jnp.clip, _at)
+    return jnp.any(jnp.stack([jnp.asarray(bad) for bad, _ in broken]))
+
+
 def _broken_rules(g, tp_raw, pp_raw, zero, rec, kv, mb, pool_id, present, heads, kv_heads,
                   n_blocks, pool_count, pool_valid, maximum, clip, at):
     """``[(broken, message)]`` of :func:`validate_plan`'s rules, in the order they are

@@ -821,18 +821,19 @@ def _canonical_parts(plan: _CanonicalPlan, n_slots: int, present) -> PlanParts |
         if not 0 <= tid < n_slots or not present[tid] or tid in placed:
             return None
         placed.add(tid)
-        for j, v in enumerate(values):
-            if v is not _UNSET:
-                ints[j][tid] = formats[v] if j == _KV else int(v)
+        if values[_KV] is not _UNSET:
+            values[_KV] = formats[values[_KV]]
         if values[_GPUS] is _UNSET:
-            ints[_GPUS][tid] = 1  # a listed tenant's default (Plan.from_choices)
+            values[_GPUS] = 1  # a listed tenant's default (Plan.from_choices)
+        for column, v in zip(ints, values, strict=True):  # ints, and recompute as a bool
+            if v is not _UNSET:
+                column[tid] = v
         if type(prec) is str:
             tables[tid] = [formats[prec]] * A.NUM_KINDS + [F.BF16]
         elif prec is not _UNSET:
-            default, *groups = astuple(prec)
-            tables[tid] = kind_formats(
-                F.BF16 if default is _UNSET else formats[default],
-                [None if f is _UNSET else formats[f] for f in groups]) + [F.BF16]
+            default, *groups = astuple(prec)  # formats.get(UNSET) is None: not chosen
+            tables[tid] = kind_formats(formats.get(default, F.BF16),
+                                       [formats.get(f) for f in groups]) + [F.BF16]
     return parts
 
 
@@ -923,24 +924,29 @@ def parse_plans(texts: Sequence[Any], scenarios: Sequence[Any], *,
     for items, prec, fields, broken in groups:
         for k, (b, t) in enumerate(items):
             plan = plan_at(prec, fields, k)
-            out[b] = _validated(t, plan) if broken[k] else ParsedPlan(plan, VALID, "")
+            out[b] = validated(t, plan) if broken[k] else ParsedPlan(plan, VALID, "")
     return out
 
 
 def parse_plans_stacked(texts: Sequence[Any], scenarios: Sequence[Any], *,
                         agents: Sequence[int | None] | None = None,
                         base_plans: Sequence[Plan | None] | None = None,
+                        check_rules: bool = True,
                         ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
     """:func:`parse_plans` with the plans stacked rather than one :class:`Plan` each (the
     reward engine's form: no per-completion objects): ``(stage[B], reason[B],
     precision[B, M, L], fields[B, 8, M])`` (int32; ``fields`` in ``INT_FIELDS`` order; rows
     below stage ``INVALID`` hold zeros). Every scenario must have the same ``[M, L]`` rows
     (one capacity); the results are :func:`parse_plans`'. Never raises, except a ValueError
-    for an empty batch or plans of several shapes (the caller's setup, not the text)."""
+    for an empty batch or plans of several shapes (the caller's setup, not the text).
+    ``check_rules=False``: plans are not checked against the scenario's rules here (they are
+    ``VALID`` if they parse): for a caller that checks them in its own program
+    (:func:`~libratio_jax.physics.plan.breaks_rules`) and asks :func:`validated` for the
+    reason of a flagged one; agents' plans are checked all the same."""
     n = len(texts)
     if n == 0:
         raise ValueError("parse_plans_stacked: empty batch")
-    out, groups = _parse_grouped(texts, scenarios, agents, base_plans)
+    out, groups = _parse_grouped(texts, scenarios, agents, base_plans, check_rules)
     shapes = {g[1].shape[1:] for g in groups} | {
         p.plan.precision.shape for p in out if p is not None and p.plan is not None}
     if len(shapes) > 1:
@@ -961,12 +967,12 @@ def parse_plans_stacked(texts: Sequence[Any], scenarios: Sequence[Any], *,
         prec[rows], fields[rows], stage[rows] = g_prec, g_fields, VALID
         for k in np.flatnonzero(broken):  # the message of a broken one
             b, t = items[k]
-            p = _validated(t, plan_at(g_prec, g_fields, k))
+            p = validated(t, plan_at(g_prec, g_fields, k))
             stage[b], reasons[b] = p.stage, p.reason
     return stage, reasons, prec, fields
 
 
-def _parse_grouped(texts, scenarios, agents, base_plans):
+def _parse_grouped(texts, scenarios, agents, base_plans, check_rules: bool = True):
     """``(out, groups)``: ``out[b]`` the :class:`ParsedPlan` of each completion decided alone
     (not a plan, an agent's plan) and ``None`` for the rest, which ``groups`` holds expanded
     and checked together per scenario shape: ``(items [(b, tables)], precision [K, M, L],
@@ -996,7 +1002,7 @@ def _parse_grouped(texts, scenarios, agents, base_plans):
                 choices = _tenant_choices(_tenant_entries(obj), n_slots, t.present, agent,
                                           t.kinds.shape[1])
                 if agent is not None:
-                    out[b] = _validated(t, _agent_plan(
+                    out[b] = validated(t, _agent_plan(
                         t, choices, agent, None if base_plans is None else base_plans[b]))
                     continue
                 parts = plan_parts(t.kinds, t.blocks, t.valid, n_slots,
@@ -1012,8 +1018,9 @@ def _parse_grouped(texts, scenarios, agents, base_plans):
         try:
             prec, fields = expand_parts([p for _, _, p in items],
                                         [(t.kinds, t.valid) for _, t, _ in items])
-            broken = (invalid_plans(fields, [t.rules for _, t, _ in items]) if len(items) > 1
-                      else [True])  # one plan: validate_plan's scalar path is faster
+            broken = (np.zeros(len(items), bool) if not check_rules
+                      else invalid_plans(fields, [t.rules for _, t, _ in items])
+                      if len(items) > 1 else [True])  # one plan: validate_plan's scalar path
         except Exception as e:  # noqa: BLE001 - never raises (not expected: inputs are checked)
             for b, _, _ in items:
                 out[b] = ParsedPlan(None, NOT_A_PLAN, shorten(f"internal parser error: {e!r}"))
@@ -1037,8 +1044,9 @@ def _agent_plan(t: ScenarioTables, choices: dict, agent: int, base_plan: Plan | 
     return Plan(**{k: np.asarray(v, np.int32) for k, v in arrays.items()})
 
 
-def _validated(t: ScenarioTables, plan: Plan) -> ParsedPlan:
-    """The plan with :func:`validate_plan`'s verdict (stage ``INVALID`` and its message)."""
+def validated(t: ScenarioTables, plan: Plan) -> ParsedPlan:
+    """The plan (host arrays, one plan of ``t``'s scenario) with :func:`validate_plan`'s
+    verdict: stage ``VALID``, or ``INVALID`` and its message. Never raises."""
     try:
         validate_plan(t.scenario, plan)
     except ValueError as e:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from libratio_jax.physics.plan import INT_FIELDS, Plan
+from libratio_jax.physics.plan import INT_FIELDS, Plan, breaks_rules, plan_at
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.difference import difference_rewards, team_reward_of
@@ -45,17 +45,20 @@ def _bucket(n: int, smallest: int) -> int:
     return max(smallest, 1 << max(n - 1, 0).bit_length())
 
 
-@functools.partial(jax.jit, static_argnames=("with_difference",))
-def _judge(bank, scenario_index, plans, params, with_difference: bool):
-    """``(G[B], rules fired[B, R], D[B, M])`` for plans ``[B]`` on ``bank[scenario_index]``
-    (``bank``: scenarios stacked ``[K, ...]``)."""
+@functools.partial(jax.jit, static_argnames=("layout", "with_difference"))
+def _judge(layout, bank, scenario_index, precision, ints, params, with_difference: bool):
+    """``(G[B], rules fired[B, R], D[B, M], breaks validate_plan's rules[B])`` for plans
+    ``[B]`` (``precision[B, M, L]``, the integer fields ``ints[B, 8, M]``) on the scenarios
+    ``scenario_index`` of the bank (:meth:`ScenarioBank.arrays`: its ``layout`` and packed
+    arrays)."""
+    plans = Plan(precision=precision, **{f: ints[:, j] for j, f in enumerate(INT_FIELDS)})
 
     def one(k, plan):
-        sc = jax.tree.map(lambda x: x[k], bank)
+        sc = _unpack(layout, [a[k] for a in bank])
         g, fired, _, _ = team_reward_of(sc, plan, params)
         d = (difference_rewards(sc, plan, params, team=g) if with_difference
              else jnp.zeros(sc.present.shape, jnp.float32))
-        return g, fired, d
+        return g, fired, d, breaks_rules(sc, plan)
 
     return jax.vmap(one)(scenario_index, plans)
 
@@ -96,9 +99,39 @@ class ScenarioBank:
         return k
 
     def arrays(self):
+        """``(layout, arrays)``: the bank on the device with its leaves packed per dtype into
+        ``[slots, n]`` arrays (a few arguments and gathers per call instead of one per
+        scenario field), and the static ``layout`` that :func:`_unpack` reads them with."""
         if self.device is None:
-            self.device = jax.device_put(self.host)
+            self.device = _pack(self.host)
         return self.device
+
+
+def _pack(tree) -> tuple[tuple, tuple]:
+    """``(layout, device arrays)`` of a pytree of host arrays ``[K, ...]``: the leaves of each
+    dtype flattened to ``[K, -1]`` and concatenated; ``layout`` (hashable) is the treedef and,
+    per leaf, ``(group, start, shape)``."""
+    leaves, treedef = jax.tree.flatten(tree)
+    dtypes = sorted({x.dtype.str for x in leaves})
+    groups: list[list[np.ndarray]] = [[] for _ in dtypes]
+    sizes = [0] * len(dtypes)
+    where = []
+    for x in leaves:
+        g = dtypes.index(x.dtype.str)
+        flat = x.reshape(x.shape[0], -1)
+        where.append((g, sizes[g], x.shape[1:]))
+        groups[g].append(flat)
+        sizes[g] += flat.shape[1]
+    arrays = tuple(jax.device_put(np.concatenate(g, axis=1)) for g in groups)
+    return (treedef, tuple(where)), arrays
+
+
+def _unpack(layout, rows):
+    """One scenario from its packed rows (``rows[g]``: the slot's row of each dtype group)."""
+    treedef, where = layout
+    return jax.tree.unflatten(treedef, [
+        rows[g][start:start + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+        for g, start, shape in where])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +306,8 @@ class RewardEngine:
         parsed_stage, parsed_reason, prec, fields = T.parse_plans_stacked(
             [texts[b] for b, *_ in todo], [t for _, _, t, _, _ in todo],
             agents=[a if a >= 0 else None for *_, a, _ in todo],
-            base_plans=[base for *_, base in todo]) if todo else ((), (), None, None)
+            base_plans=[base for *_, base in todo],
+            check_rules=False) if todo else ((), (), None, None)  # the rules: in _judge
         chosen = np.zeros(n, np.int64)  # row of each completion's plan in prec / fields
         for k, (b, key, tables, _, _) in enumerate(todo):
             stage[b], reasons[b], chosen[b] = parsed_stage[k], parsed_reason[k], k
@@ -293,17 +327,20 @@ class RewardEngine:
             pad = _bucket(len(idx), 8) - len(idx)
             sel = np.concatenate([idx, np.full(pad, idx[0])])
             rows = chosen[sel]
-            ints = fields[rows]
-            stacked = Plan(precision=prec[rows],
-                           **{f: ints[:, j] for j, f in enumerate(INT_FIELDS)})
-            slots = scenario_slot[sel]
-            gg, ff, dd = jax.device_get(_judge(self.bank.arrays(), slots.astype(np.int32),
-                                               stacked, self.params, self.credit))
+            gg, ff, dd, broken = jax.device_get(_judge(
+                *self.bank.arrays(), scenario_slot[sel], prec[rows], fields[rows], self.params,
+                self.credit))
             k = len(idx)
-            g[idx], rules[idx] = gg[:k], ff[:k]
+            ok = ~broken[:k]
+            g[idx], rules[idx] = np.where(ok, gg[:k], 0.0), ff[:k] & ok[:, None]
             a = agents[idx]
             d_agent = np.take_along_axis(dd[:k], np.maximum(a, 0)[:, None], axis=1)[:, 0]
-            diff[idx] = np.where(a >= 0, d_agent, gg[:k])
+            diff[idx] = np.where(ok, np.where(a >= 0, d_agent, gg[:k]), 0.0)
+            for b in idx[~ok]:  # a plan that breaks the scenario's rules: invalid, with why
+                p = T.validated(todo[chosen[b]][2], plan_at(prec, fields, chosen[b]))
+                stage[b], reasons[b] = p.stage, p.reason
+                if p.valid:  # validate_plan disagrees with the program: not expected
+                    stage[b], reasons[b] = T.INVALID, "breaks the scenario's rules"
         return Judgement(stage, reasons, g, rules, diff, parse_s, time.perf_counter() - t0)
 
 
