@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import data_path
 
 import libratio_jax as lj
+from conftest import data_path
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import memory
