@@ -131,10 +131,10 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics.kernel import _packed
+    from libratio_jax.physics.kernel import _pack_plan, _program
 
-    text = _packed((), *plan.precision.shape).lower(
-        sc, np.zeros(plan.precision.size + 8 * plan.gpus.size, np.int32)).compile().as_text()
+    text = _program((), *plan.precision.shape, True).lower(
+        sc, _pack_plan(plan)).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 
 

@@ -401,3 +401,19 @@ def test_the_judge_checks_the_rules_in_its_program_as_the_parser_does():
     bad = j.stage != T.VALID
     assert (j.team_reward[bad] == 0).all() and not j.rules[bad].any()
     assert (j.team_reward[~bad] > 0).all()
+
+
+def test_packed_trees_come_back_whole():
+    """The reward engine's scenario bank travels packed per dtype (physics.packing): a
+    stack of scenarios, packed and unpacked slot by slot, is the stack."""
+    from libratio_jax.physics.packing import pack, unpack
+
+    stacked = jax.tree.map(lambda *x: np.stack(x), *[jax.tree.map(np.asarray, s) for s in (
+        SC, preset("oversubscribed_fleet"))])
+    layout, arrays = pack(stacked, batch_dims=1)
+    assert len(arrays) <= 4 < len(jax.tree.leaves(stacked))
+    for k in range(2):
+        back = unpack(layout, [a[k] for a in arrays])
+        for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(stacked), strict=True):
+            np.testing.assert_array_equal(x, y[k])
+            assert x.dtype == y.dtype

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.physics.kernel import _pack, evaluate_one
+from libratio_jax.physics.kernel import _pack_plan, evaluate_one
 from libratio_jax.physics.plan import sample_plans
 from libratio_jax.testing import reference as R
 
@@ -90,7 +90,7 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
                          else x[0], sample_plans(sc, 6, seed=7))
     host = jax.tree.map(lambda x: np.asarray(x, np.int64), plans)
     host = host.replace(recompute=host.recompute.astype(bool))
-    assert _pack(host) is not None and _pack(plans) is None
+    assert _pack_plan(host) is not None and _pack_plan(plans) is None
     chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
 
 

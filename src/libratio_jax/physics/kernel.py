@@ -224,32 +224,28 @@ def compiler_options(batch_shape: tuple[int, ...], rows_per_plan: int) -> dict |
 
 
 @functools.cache
-def _batched(batch_shape: tuple[int, ...], m: int, l: int):
-    """Jitted :func:`_run` for plans ``[*batch_shape, M, L]``."""
-    return jax.jit(functools.partial(_run, batch_shape),
-                   compiler_options=compiler_options(batch_shape, m * l))
-
-
-@functools.cache
-def _packed(batch_shape: tuple[int, ...], m: int, l: int):
-    """:func:`_batched` for a plan of host arrays packed into one int32 vector (the precision
-    ``[..., M, L]``, then the integer fields ``[8, ..., M]``, each flattened): one transfer
-    to the device instead of nine, which is most of what a small call pays for its
-    arguments."""
+def _program(batch_shape: tuple[int, ...], m: int, l: int, packed_plan: bool):
+    """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls,
+    with the plan as it is or packed into one int32 vector (:func:`_pack_plan`): one buffer
+    to send instead of nine, which is most of what a small call pays for its plan. (The
+    scenario is passed as it is: packed, its few large buffers would make XLA's CPU runtime
+    run a small plan's kernels concurrently, which costs more than it saves; measured.)"""
     n = math.prod(batch_shape)
 
-    def run(scenario, packed):
-        prec = packed[:n * m * l].reshape(batch_shape + (m, l))
-        ints = packed[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
-        return _run(batch_shape, scenario, Plan(
-            precision=prec, **{f: ints[j] for j, f in enumerate(INT_FIELDS)}))
+    def run(scenario, plan):
+        if packed_plan:
+            ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
+            plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
+                        **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
+        return _run(batch_shape, scenario, plan)
 
     return jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
 
 
-def _pack(plan: Plan) -> np.ndarray | None:
-    """The plan's host arrays as one int32 vector (see :func:`_packed`), or ``None`` when a
-    field is not a NumPy array (device arrays stay where they are)."""
+def _pack_plan(plan: Plan) -> np.ndarray | None:
+    """The plan's host arrays as one int32 vector (the precision ``[..., M, L]``, then the
+    integer fields ``[8, ..., M]``, each flattened), or ``None`` when a field is not a NumPy
+    array (device arrays stay where they are)."""
     leaves = [plan.precision] + [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in leaves):
         return None
@@ -296,8 +292,6 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
-    batch_shape = tuple(shape[:-2])
-    packed = _pack(plan) if validate else None  # validated: every value fits int32
-    if packed is not None:
-        return _packed(batch_shape, *shape[-2:])(scenario, packed)
-    return _batched(batch_shape, *shape[-2:])(scenario, plan)
+    packed_plan = _pack_plan(plan) if validate else None  # validated: every value fits int32
+    program = _program(tuple(shape[:-2]), *shape[-2:], packed_plan is not None)
+    return program(scenario, plan if packed_plan is None else packed_plan)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from libratio_jax.physics.packing import pack, unpack
 from libratio_jax.physics.plan import INT_FIELDS, Plan, breaks_rules, plan_at
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
@@ -54,7 +55,7 @@ def _judge(layout, bank, scenario_index, precision, ints, params, with_differenc
     plans = Plan(precision=precision, **{f: ints[:, j] for j, f in enumerate(INT_FIELDS)})
 
     def one(k, plan):
-        sc = _unpack(layout, [a[k] for a in bank])
+        sc = unpack(layout, [a[k] for a in bank])
         g, fired, _, _ = team_reward_of(sc, plan, params)
         d = (difference_rewards(sc, plan, params, team=g) if with_difference
              else jnp.zeros(sc.present.shape, jnp.float32))
@@ -101,37 +102,11 @@ class ScenarioBank:
     def arrays(self):
         """``(layout, arrays)``: the bank on the device with its leaves packed per dtype into
         ``[slots, n]`` arrays (a few arguments and gathers per call instead of one per
-        scenario field), and the static ``layout`` that :func:`_unpack` reads them with."""
+        scenario field), and the static ``layout`` that ``packing.unpack`` reads them with."""
         if self.device is None:
-            self.device = _pack(self.host)
+            layout, arrays = pack(self.host, batch_dims=1)
+            self.device = layout, jax.device_put(arrays)
         return self.device
-
-
-def _pack(tree) -> tuple[tuple, tuple]:
-    """``(layout, device arrays)`` of a pytree of host arrays ``[K, ...]``: the leaves of each
-    dtype flattened to ``[K, -1]`` and concatenated; ``layout`` (hashable) is the treedef and,
-    per leaf, ``(group, start, shape)``."""
-    leaves, treedef = jax.tree.flatten(tree)
-    dtypes = sorted({x.dtype.str for x in leaves})
-    groups: list[list[np.ndarray]] = [[] for _ in dtypes]
-    sizes = [0] * len(dtypes)
-    where = []
-    for x in leaves:
-        g = dtypes.index(x.dtype.str)
-        flat = x.reshape(x.shape[0], -1)
-        where.append((g, sizes[g], x.shape[1:]))
-        groups[g].append(flat)
-        sizes[g] += flat.shape[1]
-    arrays = tuple(jax.device_put(np.concatenate(g, axis=1)) for g in groups)
-    return (treedef, tuple(where)), arrays
-
-
-def _unpack(layout, rows):
-    """One scenario from its packed rows (``rows[g]``: the slot's row of each dtype group)."""
-    treedef, where = layout
-    return jax.tree.unflatten(treedef, [
-        rows[g][start:start + int(np.prod(shape, dtype=np.int64))].reshape(shape)
-        for g, start, shape in where])
 
 
 @dataclasses.dataclass(frozen=True)
