@@ -292,6 +292,6 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
-    packed_plan = _pack_plan(plan) if validate else None  # validated: every value fits int32
+    packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], packed_plan is not None)
     return program(scenario, plan if packed_plan is None else packed_plan)

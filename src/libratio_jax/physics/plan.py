@@ -150,9 +150,9 @@ def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_prese
     m = kinds.shape[0]
     if len(choices) > m:
         raise ValueError(f"plan: {len(choices)} tenant choices for {m} tenant slots")
-    tables = [_IDLE_TABLE] * m
-    ints = {k: [_IDLE_INTS[k]] * m for k in _INT_FIELDS}
-    overrides = []
+    parts = PlanParts.idle(m)
+    tables, overrides = parts.kind_formats, parts.overrides
+    ints = dict(zip(_INT_FIELDS, parts.ints, strict=True))  # the same lists, by field
     for i, ch in enumerate(choices):
         if not isinstance(ch, Mapping):
             raise ValueError(f"plan: tenant {i} choices must be a mapping")
@@ -182,7 +182,7 @@ def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_prese
                 ints["kv_precision"][i] = _format(ch["kv_precision"], "", "")
             except ValueError as e:
                 raise ValueError(f"plan: tenant {i} kv_precision: {e}") from None
-    return PlanParts(tables, [ints[k] for k in _INT_FIELDS], overrides)
+    return parts
 
 
 def expand_parts(parts: Sequence[PlanParts], rows: Sequence[tuple]) -> tuple[np.ndarray,
