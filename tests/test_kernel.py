@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.physics.kernel import _pack_plan, evaluate_one
+from libratio_jax.physics.kernel import _pack_plan, _scenario_args, evaluate_one
 from libratio_jax.physics.plan import sample_plans
 from libratio_jax.testing import reference as R
 
@@ -84,7 +84,8 @@ def test_nested_batch_axes():
 @pytest.mark.parametrize("batch_shape", [(), (2, 3)])
 def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     """A plan of NumPy arrays is sent as one packed vector (any integer dtypes, a boolean
-    recompute): the metrics equal those of the same plan as device arrays, bit for bit."""
+    recompute), the scenario as a few packed arrays: the metrics equal those of the plan as
+    device arrays and of the scenario as it is, bit for bit."""
     sc = lj.reference_scenario(block_groups=1)
     plans = jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]) if batch_shape
                          else x[0], sample_plans(sc, 6, seed=7))
@@ -92,6 +93,19 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     host = host.replace(recompute=host.recompute.astype(bool))
     assert _pack_plan(host) is not None and _pack_plan(plans) is None
     chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
+    # The scenario travels packed into arrays of <= 512 bytes, kept per scenario object; a
+    # scenario of writable NumPy arrays (which may change in place) travels as it is.
+    layout, arrays = _scenario_args(sc)
+    assert layout is not None and _scenario_args(sc)[1] is arrays
+    assert len(arrays) < len(jax.tree.leaves(sc)) and max(a.nbytes for a in arrays) <= 512
+    other = lj.Scenario.build(  # another scenario of the same capacity: the same program
+        lj.ClusterSpec.uniform("A100-80GB", 16),
+        [lj.Tenant("Qwen2.5-0.5B"), lj.Tenant("Mistral-7B-v0.3", {"mode": "serve"})],
+        max_tenants=4, max_layers=sc.num_layers, block_groups=1)
+    assert _scenario_args(other)[0] == layout
+    writable = jax.tree.map(np.array, sc)
+    assert _scenario_args(writable) == (None, writable)
+    chex.assert_trees_all_equal(lj.evaluate(writable, host), lj.evaluate(sc, host))
 
 
 def test_no_retrace_for_new_scenario_of_same_capacity():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,8 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety
 from libratio_jax.physics.memory import tenant_memory
-from libratio_jax.physics.plan import INT_FIELDS, Plan, sanitize_plan, validate_plan
+from libratio_jax.physics.packing import pack, unpack
+from libratio_jax.physics.plan import INT_FIELDS, Plan, per_object, sanitize_plan, validate_plan
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -224,15 +226,18 @@ def compiler_options(batch_shape: tuple[int, ...], rows_per_plan: int) -> dict |
 
 
 @functools.cache
-def _program(batch_shape: tuple[int, ...], m: int, l: int, packed_plan: bool):
-    """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls,
-    with the plan as it is or packed into one int32 vector (:func:`_pack_plan`): one buffer
-    to send instead of nine, which is most of what a small call pays for its plan. (The
-    scenario is passed as it is: packed, its few large buffers would make XLA's CPU runtime
-    run a small plan's kernels concurrently, which costs more than it saves; measured.)"""
+def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tuple | None,
+             packed_plan: bool):
+    """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
+    the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
+    is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
+    Packed, a call sends about 15 buffers instead of 75, which is much of what a small call
+    pays for its arguments."""
     n = math.prod(batch_shape)
 
     def run(scenario, plan):
+        if scenario_layout is not None:
+            scenario = unpack(scenario_layout, scenario)
         if packed_plan:
             ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
             plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
@@ -240,6 +245,34 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, packed_plan: bool):
         return _run(batch_shape, scenario, plan)
 
     return jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
+
+
+# XLA's CPU runtime runs a program's kernels one after the other in the calling thread only
+# while every buffer they use is at most this many bytes (ThunkExecutor's
+# execute_sequential_buffer_threshold, openxla); concurrently on its thread pool otherwise,
+# which costs a small program more than it saves on two cores (docs/performance.md). A packed
+# scenario keeps to it.
+SEQUENTIAL_BUFFER_BYTES = 512
+_SCENARIO_ARGS: dict = {}
+
+
+def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
+    """``(layout, device arrays)`` of the scenario packed into arrays of at most
+    ``SEQUENTIAL_BUFFER_BYTES`` (``physics.packing``), kept while the scenario object lives;
+    ``(None, scenario)`` (passed as it is) when a leaf could change in place (a writable
+    NumPy array) or is traced."""
+    def build(sc):
+        leaves = jax.tree.leaves(sc)
+        if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                   or isinstance(x, np.ndarray) and not x.flags.writeable for x in leaves):
+            return None
+        layout, arrays = pack(sc, max_bytes=SEQUENTIAL_BUFFER_BYTES)
+        return layout, tuple(jax.device_put(arrays))
+
+    if any(isinstance(x, jax.core.Tracer) for x in (scenario.present, scenario.models.kind)):
+        return None, scenario
+    kept = per_object(_SCENARIO_ARGS, scenario, build)
+    return kept if kept is not None else (None, scenario)
 
 
 def _pack_plan(plan: Plan) -> np.ndarray | None:
@@ -293,5 +326,6 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
-    program = _program(tuple(shape[:-2]), *shape[-2:], packed_plan is not None)
-    return program(scenario, plan if packed_plan is None else packed_plan)
+    layout, scenario_args = _scenario_args(scenario)
+    program = _program(tuple(shape[:-2]), *shape[-2:], layout, packed_plan is not None)
+    return program(scenario_args, plan if packed_plan is None else packed_plan)

@@ -1,12 +1,12 @@
-"""Pytrees of arrays packed into one array per dtype, and back inside ``jit``.
+"""Pytrees of arrays packed into a few arrays, and back inside ``jit``.
 
 A jitted call pays for every argument buffer it is given (about 1 µs each with JAX's
-asynchronous CPU dispatch, a third of that inline), and a scenario is 66 arrays; a batched
-program gathers each of them per plan. Packed, it is three arrays (float32, int32, bool):
-what the reward engine's scenario bank passes (``text.judge``). Not for one small program:
-XLA's CPU runtime runs a program's kernels one after the other only while every buffer is
-at most 512 bytes, and packing makes large buffers of small ones (measured on
-``lj.evaluate`` of one coarse plan: 126 -> 212-254 µs).
+asynchronous CPU dispatch, less inline), and a scenario is 66 arrays; a batched program
+gathers each of them per plan. Packed per dtype, a bank of scenarios is three arrays (the
+reward engine's, ``text.judge``). One scenario for one small program is packed into arrays
+of at most 512 bytes (``max_bytes``): XLA's CPU runtime runs a program's kernels one after
+the other in the calling thread only while every buffer is that small, and concurrently
+(slower for a small program on two cores) otherwise (``lj.evaluate``, ``physics.kernel``).
 
 Example:
     >>> import numpy as np
@@ -27,20 +27,28 @@ import jax
 import numpy as np
 
 
-def pack(tree, batch_dims: int = 0) -> tuple[tuple, tuple[np.ndarray, ...]]:
+def pack(tree, batch_dims: int = 0, max_bytes: int | None = None
+         ) -> tuple[tuple, tuple[np.ndarray, ...]]:
     """``(layout, arrays)``: the leaves of ``tree`` (host or device arrays with the same
     leading ``batch_dims`` axes) flattened after those axes and concatenated per dtype into
-    host arrays ``[*batch, n]``, in dtype order. ``layout`` (hashable: a static argument of
-    ``jit``) is the treedef and, per leaf, its group, offset and shape."""
+    host arrays ``[*batch, n]``; with ``max_bytes``, a dtype's leaves fill several arrays of
+    at most that many bytes per batch element (a larger leaf stays alone). ``layout``
+    (hashable: a static argument of ``jit``) is the treedef and, per leaf, its array, offset
+    and shape."""
     leaves, treedef = jax.tree.flatten(tree)
     leaves = [np.asarray(x) for x in leaves]
-    dtypes = sorted({x.dtype.str for x in leaves})
-    groups: list[list[np.ndarray]] = [[] for _ in dtypes]
-    sizes = [0] * len(dtypes)
+    groups: list[list[np.ndarray]] = []
+    sizes: list[int] = []  # elements per batch element
+    open_group: dict[str, int] = {}  # dtype -> the group being filled
     where = []
     for x in leaves:
-        g = dtypes.index(x.dtype.str)
         flat = x.reshape(x.shape[:batch_dims] + (-1,))
+        g = open_group.get(x.dtype.str)
+        if g is None or (max_bytes is not None
+                         and (sizes[g] + flat.shape[-1]) * x.itemsize > max_bytes):
+            groups.append([])
+            sizes.append(0)
+            g = open_group[x.dtype.str] = len(groups) - 1
         where.append((g, sizes[g], x.shape[batch_dims:]))
         groups[g].append(flat)
         sizes[g] += flat.shape[-1]

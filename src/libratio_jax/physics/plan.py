@@ -216,7 +216,7 @@ _IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
 _IDLE_TABLE = [F.BF16] * (A.NUM_KINDS + 1)
 
 
-def _per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
+def per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
     """``build(obj)``, computed once per live object (host scenarios and their row tables:
     the parser builds and validates many plans of each). Entries leave with their object."""
     key = id(obj)
@@ -245,7 +245,7 @@ def _row_index(kinds: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
     if kinds.flags.writeable or valid.flags.writeable:  # may change in place: not kept
         return build(None)[1]
-    kept_valid, index = _per_object(_ROW_INDEX, kinds, build)
+    kept_valid, index = per_object(_ROW_INDEX, kinds, build)
     return index if kept_valid is valid else build(None)[1]
 
 
@@ -432,7 +432,7 @@ def rule_tables(scenario) -> RuleTables:
               scenario.models.n_blocks, scenario.cluster.gpu_count, scenario.cluster.valid)
     if any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
         return RuleTables(scenario)
-    return _per_object(_RULE_TABLES, scenario, RuleTables)
+    return per_object(_RULE_TABLES, scenario, RuleTables)
 
 
 def _clip(x: int, lo: int, hi: int) -> int:
