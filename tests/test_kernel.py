@@ -93,6 +93,8 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     host = host.replace(recompute=host.recompute.astype(bool))
     assert _pack_plan(host) is not None and _pack_plan(plans) is None
     chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
+    if batch_shape:
+        return  # the scenario's packing is the same for every batch shape
     # The scenario travels packed into arrays of <= 512 bytes, kept per scenario object; a
     # scenario of writable NumPy arrays (which may change in place) travels as it is.
     layout, arrays = _scenario_args(sc)
