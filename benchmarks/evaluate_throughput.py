@@ -131,9 +131,9 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics.kernel import _pack_plan, _program, _scenario_args
+    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program
 
-    layout, args = _scenario_args(sc)
+    layout, args = _packed_scenario(sc)
     text = _program((), *plan.precision.shape, layout, True).lower(
         args, _pack_plan(plan)).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")

@@ -36,7 +36,7 @@ def _seconds(fn, repeats=5):
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_adversarial_shapes_fit_their_size(name):
-    assert len(ADVERSARIAL[name](32 * 1024)) <= 32 * 1024 and ADVERSARIAL[name](64)
+    assert len(ADVERSARIAL[name](32 * 1024)) <= 32 * 1024 and ADVERSARIAL[name](4096)
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
@@ -78,14 +78,25 @@ def test_budget_and_limits_are_reported():
 
 
 def test_the_bracket_budget_reads_the_tail():
-    """Only the last MAX_BRACKETS brackets of a text are scanned for JSON spans: a plan after
-    any amount of bracketed prose is found; one before it is not, and the reason says why."""
+    """At most MAX_BRACKETS brackets of a completion are scanned for JSON spans, the last ones
+    first (fenced blocks and the whole text share them): a plan after any amount of bracketed
+    prose is found; one before it is not, and the reason says why; a cut inside a large plan
+    never passes a piece of it off as the answer."""
     prose = "[[]] see (a) {} " * (T.MAX_BRACKETS // 2)
     assert T.parse_plan("Plan: " + prose + PLAN + " done.", SC).valid
     r = T.parse_plan("Plan: " + PLAN + " then " + prose, SC)
-    assert not r.valid and f"last {T.MAX_BRACKETS} brackets" in r.reason
+    assert not r.valid and f"{T.MAX_BRACKETS} brackets are scanned" in r.reason
     # under the budget, nothing is cut
     assert T.parse_plan("Plan: " + PLAN + " then " + "[x] " * 100, SC).valid
+    # fenced blocks spend the same budget as the whole text
+    fence = "```\n" + "[[1], [2]] " * (T.MAX_BRACKETS // 12) + "\n```\n"
+    r = T.parse_plan("Plan: " + PLAN + "\n" + fence * 8, SC)
+    assert not r.valid and f"{T.MAX_BRACKETS} brackets are scanned" in r.reason
+    # a plan larger than the budget, after prose: its last entry is not taken for the plan
+    big = ('{"tenants": [{"id": 0, "gpus": 2, "notes": [' + "[], " * T.MAX_BRACKETS
+           + '[]]}, {"id": 1, "gpus": 2}]}')
+    r = T.parse_plan("Plan: " + big, SC)
+    assert r.stage != T.VALID and f"{T.MAX_BRACKETS} brackets are scanned" in r.reason
 
 
 def test_overrides_are_bounded_by_the_model_rows():
@@ -357,7 +368,10 @@ def _canonical_variants():
             '{"tenants": [], "tenants": [{"id": 0, "gpus": 2}]}',
             '{"tenants": [{"id": 0, "gpus": 2,}]}',  # repaired by the lenient path
             "```json\n" + doc(base, other) + "\n```", "Plan: " + doc(base, other) + " done.",
-            doc(base, other) + "\n" + doc(other)]
+            doc(base, other) + "\n" + doc(other),
+            '{"note": "\ud800"} ' + doc(base, other),  # lone surrogates: msgspec refuses them
+            doc(base, other) + ' {"a": "\ud800"}', doc({**base, "model": "\ud800"}),
+            '{"tenants": [{"id": 0, "kv_precision": "\u0066p8_e4m3"}]}', "\ufeff" + doc(base)]
     return out
 
 
@@ -366,10 +380,13 @@ def test_the_canonical_fast_path_reads_as_the_general_path(monkeypatch):
     path; every text gives the same stage, reason and plan arrays as when every candidate
     goes through orjson and the general path."""
     texts = _canonical_variants()
+    taken = [type(T._extract(t, None, "", T._decode_plan)[0]) is T._CanonicalPlan
+             for t in texts]
+    assert sum(taken) >= 25  # the fast path is taken (and what it takes is compared below)
     fast = T.parse_plans(texts, [SC] * len(texts))
     fast_stacked = T.parse_plans_stacked(texts, [SC] * len(texts))
     assert sum(p.valid for p in fast) >= 20  # the variants exercise valid plans too
-    monkeypatch.setattr(T, "_loads_plan", T._loads)  # the general path only
+    monkeypatch.setattr(T, "_decode_plan", T._decode_json)  # the general path only
     general = T.parse_plans(texts, [SC] * len(texts))
     for text, a, b in zip(texts, fast, general, strict=True):
         assert (a.stage, a.reason) == (b.stage, b.reason), text

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.physics.kernel import _pack_plan, _scenario_args, evaluate_one
+from libratio_jax.physics.kernel import (
+    _pack_plan,
+    _packed_scenario,
+    _scenario_args,
+    evaluate_one,
+)
 from libratio_jax.physics.plan import sample_plans
 from libratio_jax.testing import reference as R
 
@@ -95,18 +100,21 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
     if batch_shape:
         return  # the scenario's packing is the same for every batch shape
-    # The scenario travels packed into arrays of <= 512 bytes, kept per scenario object; a
-    # scenario of writable NumPy arrays (which may change in place) travels as it is.
+    # From its second call on, the scenario travels packed into arrays of <= 512 bytes, kept
+    # per scenario object; a new object (first call) and a scenario of writable NumPy arrays
+    # (which may change in place) travel as they are.
     layout, arrays = _scenario_args(sc)
     assert layout is not None and _scenario_args(sc)[1] is arrays
     assert len(arrays) < len(jax.tree.leaves(sc)) and max(a.nbytes for a in arrays) <= 512
+    fresh = sc.replace()
+    assert _scenario_args(fresh) == (None, fresh) and _scenario_args(fresh)[0] == layout
     other = lj.Scenario.build(  # another scenario of the same capacity: the same program
         lj.ClusterSpec.uniform("A100-80GB", 16),
         [lj.Tenant("Qwen2.5-0.5B"), lj.Tenant("Mistral-7B-v0.3", {"mode": "serve"})],
         max_tenants=4, max_layers=sc.num_layers, block_groups=1)
-    assert _scenario_args(other)[0] == layout
+    assert _packed_scenario(other)[0] == layout
     writable = jax.tree.map(np.array, sc)
-    assert _scenario_args(writable) == (None, writable)
+    assert _scenario_args(writable) == _scenario_args(writable) == (None, writable)
     chex.assert_trees_all_equal(lj.evaluate(writable, host), lj.evaluate(sc, host))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any
 
 import jax
@@ -28,7 +29,7 @@ from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety
 from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.packing import pack, unpack
-from libratio_jax.physics.plan import INT_FIELDS, Plan, per_object, sanitize_plan, validate_plan
+from libratio_jax.physics.plan import INT_FIELDS, Plan, sanitize_plan, validate_plan
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -220,9 +221,23 @@ def compiler_options(batch_shape: tuple[int, ...], rows_per_plan: int) -> dict |
     model) with leading axes ``batch_shape``: the memory-optimized scheduler for batches of
     large plans on CPU (see ``MEMORY_SCHEDULER_ROWS``), else XLA's defaults (``None``)."""
     if (math.prod(batch_shape) > 1 and rows_per_plan >= MEMORY_SCHEDULER_ROWS
-            and jax.default_backend() == "cpu"):
-        return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+            and jax.default_backend() == "cpu" and _memory_scheduler_available()):
+        return dict(_MEMORY_SCHEDULER)
     return None
+
+
+_MEMORY_SCHEDULER = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+
+
+@functools.cache
+def _memory_scheduler_available() -> bool:
+    """Whether this JAX takes the option (compiling a trivial program with it, once): older
+    XLA releases have no such scheduler, and an unknown option is a compile error."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=_MEMORY_SCHEDULER).lower(1.0).compile()
+    except Exception:  # noqa: BLE001 - TypeError (no compiler_options) or an unknown option
+        return False
+    return True
 
 
 @functools.cache
@@ -253,26 +268,47 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tupl
 # which costs a small program more than it saves on two cores (docs/performance.md). A packed
 # scenario keeps to it.
 SEQUENTIAL_BUFFER_BYTES = 512
-_SCENARIO_ARGS: dict = {}
+_SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | args)
 
 
 def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
     """``(layout, device arrays)`` of the scenario packed into arrays of at most
-    ``SEQUENTIAL_BUFFER_BYTES`` (``physics.packing``), kept while the scenario object lives;
-    ``(None, scenario)`` (passed as it is) when a leaf could change in place (a writable
-    NumPy array) or is traced."""
-    def build(sc):
-        leaves = jax.tree.leaves(sc)
-        if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-                   or isinstance(x, np.ndarray) and not x.flags.writeable for x in leaves):
-            return None
-        layout, arrays = pack(sc, max_bytes=SEQUENTIAL_BUFFER_BYTES)
-        return layout, tuple(jax.device_put(arrays))
-
-    if any(isinstance(x, jax.core.Tracer) for x in (scenario.present, scenario.models.kind)):
+    ``SEQUENTIAL_BUFFER_BYTES`` (``physics.packing``) on the scenario's device, from its
+    second call on and kept while the scenario object lives (a scenario made anew for every
+    call is not packed each time); ``(None, scenario)``, passed as it is, on the first call
+    and when a leaf could change in place (a writable NumPy array), is traced or lives on
+    several devices."""
+    key = id(scenario)
+    kept = _SCENARIO_ARGS.get(key)
+    if kept is not None and kept[0]() is scenario:
+        if kept[1] is not None:
+            return kept[1]
+        args = _packed_scenario(scenario)
+        if args is not None:
+            _SCENARIO_ARGS[key] = (kept[0], args)
+            return args
         return None, scenario
-    kept = per_object(_SCENARIO_ARGS, scenario, build)
-    return kept if kept is not None else (None, scenario)
+    try:  # first sight: remembered, packed on the next call
+        ref = weakref.ref(scenario, lambda _, key=key: _SCENARIO_ARGS.pop(key, None))
+    except TypeError:
+        return None, scenario
+    _SCENARIO_ARGS[key] = (ref, None)
+    return None, scenario
+
+
+def _packed_scenario(scenario: Scenario) -> tuple[tuple, tuple] | None:
+    """The scenario packed on its device, or ``None`` when it cannot be (see above)."""
+    leaves = jax.tree.leaves(scenario)
+    devices = set()
+    for x in leaves:
+        if isinstance(x, jax.core.Tracer) or isinstance(x, np.ndarray) and x.flags.writeable:
+            return None
+        if isinstance(x, jax.Array) and x.committed:
+            devices |= x.devices()
+    if len(devices) > 1:
+        return None
+    layout, arrays = pack(scenario, max_bytes=SEQUENTIAL_BUFFER_BYTES)
+    return layout, tuple(jax.device_put(arrays, devices.pop() if devices else None))
 
 
 def _pack_plan(plan: Plan) -> np.ndarray | None:

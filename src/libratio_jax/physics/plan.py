@@ -140,7 +140,8 @@ class PlanParts:
     @classmethod
     def idle(cls, m: int) -> PlanParts:
         """The parts of :meth:`Plan.idle` for ``m`` tenant slots, as fresh lists to write."""
-        return cls([_IDLE_TABLE] * m, [[_IDLE_INTS[k]] * m for k in _INT_FIELDS], [])
+        return cls([list(_IDLE_TABLE) for _ in range(m)],
+                   [[_IDLE_INTS[k]] * m for k in _INT_FIELDS], [])
 
 
 def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_present: int,
@@ -168,7 +169,7 @@ def plan_parts(kinds: np.ndarray, blocks: np.ndarray, valid: np.ndarray, n_prese
                                                                 A.NUM_KINDS)]
                 overrides.append((i, np.where(valid[i], _apply_overrides(
                     rows, spec, kinds[i], blocks[i], field), F.BF16)))
-        ints["gpus"][i] = _int(ch.get("gpus", 1 if i < n_present else 0), i, "gpus")
+        ints["gpus"][i] = _int(ch.get("gpus", LISTED_GPUS if i < n_present else 0), i, "gpus")
         for k in ("tp", "pp", "micro_batch", "zero_stage"):
             if k in ch:
                 ints[k][i] = _int(ch[k], i, k)
@@ -208,6 +209,7 @@ def plan_at(precision: np.ndarray, fields: np.ndarray, k: int) -> Plan:
 
 # Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
 INT_LIMIT = 2**24
+LISTED_GPUS = 1  # the GPUs of a present tenant whose choices name none (Plan.from_choices)
 _CHOICE_FIELDS = frozenset(("precision", *_INT_FIELDS))
 _IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
               "kv_precision": F.BF16, "micro_batch": 1, "pool": 0}  # Plan.idle's fields
@@ -216,7 +218,7 @@ _IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
 _IDLE_TABLE = [F.BF16] * (A.NUM_KINDS + 1)
 
 
-def per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
+def _per_object(cache: dict, obj: Any, build: Callable[[Any], Any]) -> Any:
     """``build(obj)``, computed once per live object (host scenarios and their row tables:
     the parser builds and validates many plans of each). Entries leave with their object."""
     key = id(obj)
@@ -245,7 +247,7 @@ def _row_index(kinds: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
     if kinds.flags.writeable or valid.flags.writeable:  # may change in place: not kept
         return build(None)[1]
-    kept_valid, index = per_object(_ROW_INDEX, kinds, build)
+    kept_valid, index = _per_object(_ROW_INDEX, kinds, build)
     return index if kept_valid is valid else build(None)[1]
 
 
@@ -299,7 +301,7 @@ def _kind_table(groups: Mapping[str, Any], field: str, where: str = "",
 
 def kind_formats(start: int, group_formats: Sequence[int | None]) -> list[int]:
     """Format id per row kind (``NUM_KINDS`` entries) from one format id (or ``None``: not
-    chosen) per layer group in ``_GROUP_ORDER``: ``start`` where no chosen group applies;
+    chosen) per layer group in ``GROUP_ORDER``: ``start`` where no chosen group applies;
     groups later in the order win. The one statement of the groups' precedence."""
     table = [start] * A.NUM_KINDS
     for f, kinds in zip(group_formats, _GROUP_KINDS, strict=True):
@@ -432,7 +434,7 @@ def rule_tables(scenario) -> RuleTables:
               scenario.models.n_blocks, scenario.cluster.gpu_count, scenario.cluster.valid)
     if any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
         return RuleTables(scenario)
-    return per_object(_RULE_TABLES, scenario, RuleTables)
+    return _per_object(_RULE_TABLES, scenario, RuleTables)
 
 
 def _clip(x: int, lo: int, hi: int) -> int:

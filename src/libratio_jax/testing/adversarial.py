@@ -51,6 +51,7 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "unclosed_strings": _shape('{"a'),
     "escaped_quotes": _shape('{"\\"'),
     "many_small_objects": _shape('{"x": 1} '),
+    "fenced_pairs": _shape("```\n" + '{"a":[1]} ' * 180 + "\n```\n"),
     "nested_pairs": _shape('{"a":[1]} '),
     "object_then_opener": _shape('{"x": 1} {'),
     "empty_pairs": _shape("[]"),

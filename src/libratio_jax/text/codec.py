@@ -67,6 +67,7 @@ from libratio_jax.physics.plan import (
     INT_FIELDS,
     INT_LIMIT,
     LAYER_GROUPS,
+    LISTED_GPUS,
     Plan,
     PlanParts,
     RuleTables,
@@ -170,16 +171,15 @@ _INT_TEXT = re.compile(r"[+-]?\d+(?:\.0*)?")
 _THINK_START = re.compile(re.escape("<think>"), re.I)
 _THINK_END = re.compile(re.escape("</think>"), re.I)
 _OPENER = re.compile(r"[{\[]")
-# Inside brackets: skip strings (whole, escapes included) and other text up to the next
-# bracket, which group 1 captures ('' at the end). Deterministic: linear.
+_BRACKET = re.compile(r"[{}\[\]]")
 # A top-level span with no bracket inside it (``{"a": 1}``, ``[1, 2]``): what the token loop
-# below would find, in one anchored match. Its alternatives start with different characters
-# and it stops at the first bracket, so a failed match costs at most the text the token loop
-# reads next (linear).
+# of _json_spans would find, in one anchored match. Its alternatives start with different
+# characters and it stops at the first bracket outside a string, so a failed match costs at
+# most the text the token loop reads next (linear).
 _FLAT_SPAN = re.compile(r'\{(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\}'
                         r'|\[(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\]', re.S)
-# The tail of a (reversed) text holding its last MAX_BRACKETS brackets: one anchored match.
-_LAST_BRACKETS = re.compile(rf"(?:[^{{}}\[\]]*[{{}}\[\]]){{{MAX_BRACKETS}}}")
+# Inside brackets: skip strings (whole, escapes included) and other text up to the next
+# bracket, which group 1 captures ('' at the end). Deterministic: linear.
 _INSIDE_BRACKETS = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^{}\[\]"])*([{}\[\]]|$)', re.S)
 _SEPARATORS = " \t\r\n_-#"
 
@@ -442,12 +442,34 @@ def _fenced_blocks(text: str) -> list[str]:
     return out
 
 
-def _bracket_tail(text: str) -> int:
-    """Where the scan for spans starts: 0, or the ``MAX_BRACKETS``-th bracket from the end of
-    a text with more (C-speed counts and one anchored match: linear)."""
-    if sum(map(text.count, "{}[]")) <= MAX_BRACKETS:
+class _Budget:
+    """What one completion may still spend: JSON decodes and brackets scanned for spans
+    (shared by its fenced blocks and its whole text), and whether brackets were left."""
+
+    __slots__ = ("decodes", "brackets", "cut")
+
+    def __init__(self) -> None:
+        self.decodes, self.brackets, self.cut = MAX_DECODE_ATTEMPTS, MAX_BRACKETS, False
+
+
+@functools.lru_cache(maxsize=64)
+def _last_brackets(n: int) -> re.Pattern:
+    """Matches, from the start of a reversed text, up to and including its ``n``-th bracket
+    (anchored, no overlapping repetitions: linear)."""
+    return re.compile(rf"(?:[^{{}}\[\]]*[{{}}\[\]]){{{n}}}")
+
+
+def _bracket_tail(text: str, budget: _Budget) -> int:
+    """Where the scan for spans starts: 0, or the last bracket of the ``budget.brackets`` a
+    text may still have scanned (its tail: the answer's); the brackets scanned are spent.
+    C-speed counts and one anchored match: linear."""
+    count = sum(map(text.count, "{}[]"))
+    if count <= budget.brackets:
+        budget.brackets -= count
         return 0
-    return len(text) - _LAST_BRACKETS.match(text[::-1]).end()
+    budget.cut = True
+    n, budget.brackets = budget.brackets, 0
+    return len(text) if n == 0 else len(text) - _last_brackets(n).match(text[::-1]).end()
 
 
 def _json_spans(text: str, pos: int = 0) -> list[tuple[int, int]]:
@@ -456,18 +478,23 @@ def _json_spans(text: str, pos: int = 0) -> list[tuple[int, int]]:
     brackets, take each JSON string as one token (so a stray quote in prose cannot hide the
     JSON, and brackets inside strings do not count). Openers left unclosed, or dropped by a
     mismatched closer, do not hide what they enclose: spans directly inside them count as top
-    level. The scan starts at ``pos``."""
+    level. The scan starts at ``pos``; from a ``pos`` inside the text (a budget's cut), a
+    closer with nothing open may close what opened before the cut, so only the spans after the
+    last such closer count (a span of a larger structure is never taken for the answer)."""
     if "}" not in text and "]" not in text:
         return []  # nothing closes: no span (a C-speed scan spares the token loop)
     spans = []  # (start, end, depth, position of the innermost enclosing opener)
     stack: list[tuple[str, int]] = []
     dropped: set[int] = set()
-    n = len(text)
+    n, cut, stray = len(text), pos > 0, -1
     while pos < n:
         if not stack:
-            m = _OPENER.search(text, pos)
+            m = (_BRACKET if cut else _OPENER).search(text, pos)
             if m is None:
                 break
+            if m.group() in "}]":  # (cut only) a closer of something opened before the cut
+                stray, pos = m.start(), m.end()
+                continue
             flat = _FLAT_SPAN.match(text, m.start())
             if flat is not None:  # a span with no bracket inside: one match, not tokens
                 spans.append((m.start(), flat.end(), 0, -1))
@@ -488,57 +515,65 @@ def _json_spans(text: str, pos: int = 0) -> list[tuple[int, int]]:
         else:  # a mismatched closer: drop the open brackets
             dropped.update(p for _, p in stack)
             stack.clear()
+            if cut:
+                stray = pos - 1
     dropped.update(p for _, p in stack)
-    return [(s, e) for s, e, depth, inner in spans if depth == 0 or inner in dropped]
+    return [(s, e) for s, e, depth, inner in spans
+            if (depth == 0 or inner in dropped) and s > stray]
 
 
-def _loads(text: str) -> tuple[bool, Any]:
-    """Strict JSON (orjson, C speed), then the same text with the lenient repairs."""
+def _decode_json(text: str) -> tuple[bool, Any]:
+    """Strict JSON (orjson, C speed): ``(decoded, value)``."""
     try:
         return True, orjson.loads(text)
     except (orjson.JSONDecodeError, RecursionError):
-        pass
+        return False, None
+
+
+def _lenient(text: str, decode) -> tuple[bool, Any]:
+    """``decode`` the text strictly, then with the lenient repairs."""
+    ok, obj = decode(text)
+    if ok:
+        return ok, obj
     repaired = _repair(text)
-    if repaired == text:
-        return False, None
-    try:
-        return True, orjson.loads(repaired)
-    except (orjson.JSONDecodeError, RecursionError):
-        return False, None
+    return decode(repaired) if repaired != text else (False, None)
 
 
-def _plan_values(chunk: str, budget: list, shaped: Callable[[Any], bool] | None = None,
-                 loads: Callable[[str], tuple[bool, Any]] | None = None) -> tuple[Any, bool]:
+def _plan_values(chunk: str, budget: _Budget, shaped: Callable[[Any], bool] | None = None,
+                 decode: Callable[[str], tuple[bool, Any]] = _decode_json) -> tuple[Any, bool]:
     """``(the last plan-shaped JSON value of chunk or None, whether any JSON decoded)``:
     the whole chunk first (the common case: a fence holding only the plan), then its top-level
     bracketed spans from the last one back (the answer comes last), each decode costing one
-    unit of ``budget[0]`` (``budget[1]`` is set when brackets were left unscanned). Spans
+    of ``budget.decodes``, the scan for spans reading at most ``budget.brackets``. Spans
     without a quote cannot hold a plan's keys and cost nothing.
-    ``shaped``: what counts as a plan (default :func:`_plan_shaped`); ``loads``: how a
-    candidate is decoded (default :func:`_loads`)."""
+    ``shaped``: what counts as a plan (default :func:`_plan_shaped`); ``decode``: the strict
+    decoder of a candidate (:func:`_decode_json`; the lenient repairs are applied around it)."""
     shaped = shaped or _plan_shaped
-    loads = loads or _loads
     stripped = chunk.strip()
     found = False
-    if stripped[:1] in ("{", "[") and budget[0] > 0:
-        budget[0] -= 1
-        ok, obj = loads(stripped)
+    repaired = None  # the whole chunk repaired, once
+    if budget.decodes <= 0:
+        return None, found
+    if stripped[:1] in ("{", "["):
+        budget.decodes -= 1
+        ok, obj = decode(stripped)
+        if not ok:
+            repaired = _repair(stripped)
+            ok, obj = decode(repaired) if repaired != stripped else (False, None)
         if ok:
             if shaped(obj):
                 return obj, True
             found = True
     if '"' not in chunk and "'" not in chunk:
         return None, found  # no keys anywhere: no plan (and nothing to scan)
-    tail = _bracket_tail(chunk)
-    budget[1] |= tail > 0
-    for start, end in reversed(_json_spans(chunk, tail)):
+    for start, end in reversed(_json_spans(chunk, _bracket_tail(chunk, budget))):
         span = chunk[start:end]
         if '"' not in span and "'" not in span:
             continue
-        if budget[0] <= 0:
+        if budget.decodes <= 0:
             break
-        budget[0] -= 1
-        ok, obj = loads(span)
+        budget.decodes -= 1
+        ok, obj = _lenient(span, decode)
         if ok:
             found = True
             if shaped(obj):
@@ -546,16 +581,16 @@ def _plan_values(chunk: str, budget: list, shaped: Callable[[Any], bool] | None 
     # Prose whose quotes or brackets confused the scan (an unclosed string before the JSON):
     # the answer usually ends at the last closing bracket, so try the text from each of the
     # last few openers up to there (a bounded number of linear attempts).
-    if budget[0] <= 0:
+    if budget.decodes <= 0:
         return None, found
-    text = _repair(stripped)  # once (as the whole-chunk decode), then strict decodes of slices
+    text = repaired if repaired is not None else _repair(stripped)  # strict decodes of slices
     last = max(text.rfind("}"), text.rfind("]")) + 1
     pos = last
     for _ in range(_FALLBACK_OPENERS):
         pos = max(text.rfind("{", 0, pos), text.rfind("[", 0, pos))
-        if pos < 0 or budget[0] <= 0:
+        if pos < 0 or budget.decodes <= 0:
             break
-        budget[0] -= 1
+        budget.decodes -= 1
         try:
             obj = orjson.loads(text[pos:last])
         except (orjson.JSONDecodeError, RecursionError):
@@ -566,11 +601,9 @@ def _plan_values(chunk: str, budget: list, shaped: Callable[[Any], bool] | None 
     return None, found
 
 
-@functools.lru_cache(maxsize=8)
 def _repair(text: str) -> str:
     """Lenient fixes: trailing commas, Python literals, single quotes (if no double ones).
-    None of them changes valid JSON outside its strings. (Kept for the last few texts: the
-    whole-chunk decode and the fallback below repair the same text.)"""
+    None of them changes valid JSON outside its strings."""
     text = _TRAILING_COMMA.sub(r"\1", text)
     if "True" in text or "False" in text or "None" in text:  # the regex is slow to scan
         text = _PY_LITERAL.sub(lambda m: _PY_JSON[m[1]], text)
@@ -613,33 +646,33 @@ def extract_json(text: Any, shaped: Callable[[Any], bool] | None = None,
     Linear in the text and bounded (``MAX_TEXT_CHARS``, ``MAX_DECODE_ATTEMPTS``).
     ``shaped``/``expected``: another task's notion of an answer (a predicate on the decoded
     value) and its form, for the reason."""
-    return _extract(text, shaped, expected, _loads)
+    return _extract(text, shaped, expected, _decode_json)
 
 
-def _extract(text: Any, shaped, expected: str, loads) -> tuple[Any, int, str]:
-    """:func:`extract_json` with the decoder of candidates (``loads``)."""
+def _extract(text: Any, shaped, expected: str, decode) -> tuple[Any, int, str]:
+    """:func:`extract_json` with the strict decoder of candidates (``decode``)."""
     if not isinstance(text, str):
         return None, NO_JSON, "completion is not text"
     cut = len(text) > MAX_TEXT_CHARS
     text = _strip_thinking(text[-MAX_TEXT_CHARS:])
     if not text.strip():
         return None, NO_JSON, "empty completion"
-    budget = [MAX_DECODE_ATTEMPTS, False]  # decodes left, whether brackets were left unread
+    budget = _Budget()
     found_json = False
     # Fenced blocks first (the last plan in a fence wins), then the whole text.
     for chunks in (_fenced_blocks(text), [text]):
         for chunk in reversed(chunks):
-            obj, found = _plan_values(chunk, budget, shaped, loads)
+            obj, found = _plan_values(chunk, budget, shaped, decode)
             found_json |= found
             if obj is not None:
                 return obj, VALID, ""
     note = ""
-    if budget[0] <= 0:
+    if budget.decodes <= 0:
         note = f" (stopped after {MAX_DECODE_ATTEMPTS} JSON candidates)"
     elif cut:
         note = f" (only the last {MAX_TEXT_CHARS} characters are read)"
-    elif budget[1]:
-        note = f" (only the last {MAX_BRACKETS} brackets of a text are scanned)"
+    elif budget.cut:
+        note = f" (only {MAX_BRACKETS} brackets are scanned for JSON, the last ones first)"
     if found_json:
         return None, NOT_A_PLAN, f"JSON found, but not a plan (expected {expected})" + note
     return None, NO_JSON, "no JSON value found" + note
@@ -799,12 +832,16 @@ class _CanonicalPlan(msgspec.Struct, forbid_unknown_fields=True):
 _CANONICAL = msgspec.json.Decoder(_CanonicalPlan)
 
 
-def _loads_plan(text: str) -> tuple[bool, Any]:
-    """A candidate as a :class:`_CanonicalPlan` when it is one, else :func:`_loads`."""
+def _decode_plan(text: str) -> tuple[bool, Any]:
+    """A candidate as a :class:`_CanonicalPlan` when it is one, else :func:`_decode_json`
+    (msgspec refuses text it cannot encode as UTF-8, a lone surrogate say: orjson decides)."""
     try:
         return True, _CANONICAL.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return _loads(text)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
+        return _decode_json(text)
+
+
+_KV, _GPUS = INT_FIELDS.index("kv_precision"), INT_FIELDS.index("gpus")
 
 
 def _canonical_parts(plan: _CanonicalPlan, n_slots: int, present) -> PlanParts | None:
@@ -824,7 +861,7 @@ def _canonical_parts(plan: _CanonicalPlan, n_slots: int, present) -> PlanParts |
         if values[_KV] is not _UNSET:
             values[_KV] = formats[values[_KV]]
         if values[_GPUS] is _UNSET:
-            values[_GPUS] = 1  # a listed tenant's default (Plan.from_choices)
+            values[_GPUS] = LISTED_GPUS
         for column, v in zip(ints, values, strict=True):  # ints, and recompute as a bool
             if v is not _UNSET:
                 column[tid] = v
@@ -835,9 +872,6 @@ def _canonical_parts(plan: _CanonicalPlan, n_slots: int, present) -> PlanParts |
             tables[tid] = kind_formats(formats.get(default, F.BF16),
                                        [formats.get(f) for f in groups]) + [F.BF16]
     return parts
-
-
-_KV, _GPUS = INT_FIELDS.index("kv_precision"), INT_FIELDS.index("gpus")
 
 
 def _tenant_choices(entries, n_slots: int, present: np.ndarray, agent: int | None,
@@ -988,7 +1022,7 @@ def _parse_grouped(texts, scenarios, agents, base_plans, check_rules: bool = Tru
             out[b] = ParsedPlan(None, NO_JSON, shorten(f"bad scenario: {e}"))
             continue
         try:
-            obj, stage, reason = _extract(texts[b], None, _EXPECTED_PLAN, _loads_plan)
+            obj, stage, reason = _extract(texts[b], None, _EXPECTED_PLAN, _decode_plan)
             if stage != VALID:
                 out[b] = ParsedPlan(None, stage, reason)
                 continue
