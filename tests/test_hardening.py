@@ -434,3 +434,25 @@ def test_packed_trees_come_back_whole():
         for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(stacked), strict=True):
             np.testing.assert_array_equal(x, y[k])
             assert x.dtype == y.dtype
+
+
+class _EqRaises(str):
+    def __eq__(self, other):
+        raise RuntimeError("no comparing me")
+
+    __hash__ = str.__hash__
+
+
+class _GetItemRaises(str):
+    def __getitem__(self, k):
+        raise RuntimeError("no slicing me")
+
+
+def test_str_subclasses_are_judged_as_their_text():
+    """A completion or recipe that is a hostile ``str`` subclass is read as its exact text
+    (none of its methods run), alone; nothing it did is served to a later plain string."""
+    physics, _ = hf.make_reward_funcs()
+    ref = physics(None, [PLAN], scenario=[RECIPE])[0]
+    assert physics(None, [PLAN, _EqRaises(PLAN)], scenario=[RECIPE, RECIPE]) == [ref, ref]
+    assert physics(None, [_GetItemRaises(PLAN)], scenario=[_EqRaises(RECIPE)]) == [ref]
+    assert physics(None, [PLAN], scenario=[RECIPE]) == [ref]

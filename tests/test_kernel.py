@@ -98,11 +98,14 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     host = host.replace(recompute=host.recompute.astype(bool))
     assert _pack_plan(host) is not None and _pack_plan(plans) is None
     chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
+    narrow = plans.replace(gpus=plans.gpus.astype(jnp.uint8), tp=plans.tp.astype(jnp.int16),
+                           micro_batch=plans.micro_batch.astype(jnp.int8))
+    chex.assert_trees_all_equal(lj.evaluate(sc, narrow), lj.evaluate(sc, plans))  # no wrap
     if batch_shape:
         return  # the scenario's packing is the same for every batch shape
     # From its second call on, the scenario travels packed into arrays of <= 512 bytes, kept
-    # per scenario object; a new object (first call) and a scenario of writable NumPy arrays
-    # (which may change in place) travel as they are.
+    # per scenario object; a new object (first call) and a scenario of NumPy arrays (which may
+    # change in place, through a writable base too) travel as they are.
     layout, arrays = _scenario_args(sc)
     assert layout is not None and _scenario_args(sc)[1] is arrays
     assert len(arrays) < len(jax.tree.leaves(sc)) and max(a.nbytes for a in arrays) <= 512
@@ -115,6 +118,10 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     assert _packed_scenario(other)[0] == layout
     writable = jax.tree.map(np.array, sc)
     assert _scenario_args(writable) == _scenario_args(writable) == (None, writable)
+    read_only = jax.tree.map(lambda x: np.asarray(x).view(), writable)  # views can change
+    for x in jax.tree.leaves(read_only):
+        x.flags.writeable = False
+    assert _scenario_args(read_only) == _scenario_args(read_only) == (None, read_only)
     chex.assert_trees_all_equal(lj.evaluate(writable, host), lj.evaluate(sc, host))
 
 

@@ -276,8 +276,8 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
     ``SEQUENTIAL_BUFFER_BYTES`` (``physics.packing``) on the scenario's device, from its
     second call on and kept while the scenario object lives (a scenario made anew for every
     call is not packed each time); ``(None, scenario)``, passed as it is, on the first call
-    and when a leaf could change in place (a writable NumPy array), is traced or lives on
-    several devices."""
+    and when a leaf is not a JAX array (NumPy arrays may change in place), is traced or lives
+    on several devices."""
     key = id(scenario)
     kept = _SCENARIO_ARGS.get(key)
     if kept is not None and kept[0]() is scenario:
@@ -301,9 +301,11 @@ def _packed_scenario(scenario: Scenario) -> tuple[tuple, tuple] | None:
     leaves = jax.tree.leaves(scenario)
     devices = set()
     for x in leaves:
-        if isinstance(x, jax.core.Tracer) or isinstance(x, np.ndarray) and x.flags.writeable:
+        # Only JAX arrays are known not to change (a read-only NumPy view may have a
+        # writable base).
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             return None
-        if isinstance(x, jax.Array) and x.committed:
+        if x.committed:
             devices |= x.devices()
     if len(devices) > 1:
         return None

@@ -533,6 +533,8 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     def integral(x, lo, hi):
         x = jnp.asarray(x)
         if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+            if x.dtype.itemsize < 4:  # exact in int32, where the bounds fit (in uint8 they wrap)
+                x = x.astype(jnp.int32)
             ok = (x >= lo) & (x <= hi)  # in the input's own width (no wrap-around first)
             return jnp.where(ok, x, lo).astype(jnp.int32), ok
         xf = x.astype(jnp.float32)

@@ -52,6 +52,7 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "escaped_quotes": _shape('{"\\"'),
     "many_small_objects": _shape('{"x": 1} '),
     "fenced_pairs": _shape("```\n" + '{"a":[1]} ' * 180 + "\n```\n"),
+    "tiny_fences": _shape('```\n",}```'),
     "nested_pairs": _shape('{"a":[1]} '),
     "object_then_opener": _shape('{"x": 1} {'),
     "empty_pairs": _shape("[]"),

@@ -93,7 +93,8 @@ STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 # whatever it holds.
 MAX_TEXT_CHARS = 32_768
 MAX_DECODE_ATTEMPTS = 64
-MAX_BRACKETS = 2_048  # brackets scanned per candidate text (its last ones: the answer's)
+MAX_BRACKETS = 2_048  # brackets scanned for JSON spans per completion (the last ones first)
+MAX_FENCES = 64  # fenced blocks searched one by one (then the whole text)
 MAX_VALUE_CHARS = 64
 _FALLBACK_OPENERS = 16  # openers tried back from the last closing bracket (see _plan_values)
 MAX_REASON_CHARS = 240
@@ -421,8 +422,9 @@ def _strip_thinking(text: str) -> str:
 
 
 def _fenced_blocks(text: str) -> list[str]:
-    """The contents of Markdown code fences (an opening ```` ```lang ```` line, up to the next
-    fence or the end), in order; one pass."""
+    """The contents of the first ``MAX_FENCES`` Markdown code fences (an opening
+    ```` ```lang ```` line, up to the next fence or the end), in order; one pass. (Past them,
+    the whole text is still searched: a plan in a later fence is a span of it.)"""
     out = []
     pos = text.find("```")
     line_end = -1
@@ -436,7 +438,7 @@ def _fenced_blocks(text: str) -> list[str]:
             continue
         close = text.find("```", line_end + 1)
         out.append(text[line_end + 1:] if close < 0 else text[line_end + 1:close])
-        if close < 0:
+        if close < 0 or len(out) == MAX_FENCES:
             break
         pos = text.find("```", close + 3)
     return out
@@ -581,7 +583,7 @@ def _plan_values(chunk: str, budget: _Budget, shaped: Callable[[Any], bool] | No
     # Prose whose quotes or brackets confused the scan (an unclosed string before the JSON):
     # the answer usually ends at the last closing bracket, so try the text from each of the
     # last few openers up to there (a bounded number of linear attempts).
-    if budget.decodes <= 0:
+    if budget.decodes <= 0 or ("{" not in stripped and "[" not in stripped):
         return None, found
     text = repaired if repaired is not None else _repair(stripped)  # strict decodes of slices
     last = max(text.rfind("}"), text.rfind("]")) + 1

@@ -262,6 +262,8 @@ class RewardEngine:
         for b in range(n):
             try:
                 key = _DEFAULT if scenario is None else scenario[b]
+                if type(key) is not str and isinstance(key, str):
+                    key = str.__str__(key)  # a subclass: its text, none of its methods
                 host, tables = self.default if scenario is None else self._scenario(key)
                 if host is None:
                     stage[b], reasons[b] = T.NO_JSON, T.shorten(tables)
@@ -323,19 +325,23 @@ def _text_of(completion: Any) -> str | None:
     """The completion's text (``codec.completion_text``), or None when it is not text; never
     calls ``repr`` or anything else an arbitrary object could make expensive."""
     try:
-        if isinstance(completion, str):
+        if type(completion) is str:
             return completion
+        if isinstance(completion, str):  # a subclass: its exact text, none of its methods
+            return str.__str__(completion)
         if isinstance(completion, (list, tuple, dict)):
-            return T.completion_text(completion)
+            text = T.completion_text(completion)
+            return text if type(text) is str else str.__str__(text)
     except Exception:  # noqa: BLE001 - a hostile object is a format failure, for it alone
         return None
     return None
 
 
 def _key_of(value: Any) -> Any:
-    """A cheap, safe cache key for one column entry (text and integers as they are)."""
+    """A cheap, safe cache key for one column entry (text and integers as they are; anything
+    else, subclasses of them included, is never equal to another key: not cached)."""
     if isinstance(value, np.integer) and not isinstance(value, np.bool_):
         return ("int", int(value))  # judged as the int it equals
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if type(value) in (str, int, float, bool) or value is None:
         return (type(value).__name__, value)  # 1, 1.0 and True are judged differently
-    return ("<object>", type(value).__name__)  # judged alike: not text, not an agent id
+    return ("<object>", object())  # compares with nothing it does not own: no stale verdict
