@@ -87,10 +87,10 @@ STAGE_NAMES = ("no_json", "not_a_plan", "invalid", "valid")
 
 # The parser's budget per completion: the longest text searched (the tail is kept: answers
 # come last), the most JSON candidates decoded, and the longest text a number or a name may
-# have, and the brackets scanned for JSON spans (the last MAX_BRACKETS of a text: the span scan
-# is a Python step per bracket, bounded so). Every step is linear in the text (no backtracking
-# regular expression, no rescans), so a completion costs at most O(MAX_TEXT_CHARS) work
-# whatever it holds.
+# have, and the brackets scanned for JSON spans (MAX_BRACKETS per completion, the last ones of
+# each text first: the span scan is a Python step per bracket, bounded so). Every step is
+# linear in the text (no backtracking regular expression, no rescans), so a completion costs
+# at most O(MAX_TEXT_CHARS) work whatever it holds.
 MAX_TEXT_CHARS = 32_768
 MAX_DECODE_ATTEMPTS = 64
 MAX_BRACKETS = 2_048  # brackets scanned for JSON spans per completion (the last ones first)
@@ -177,11 +177,12 @@ _BRACKET = re.compile(r"[{}\[\]]")
 # of _json_spans would find, in one anchored match. Its alternatives start with different
 # characters and it stops at the first bracket outside a string, so a failed match costs at
 # most the text the token loop reads next (linear).
-_FLAT_SPAN = re.compile(r'\{(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\}'
-                        r'|\[(?:"(?:[^"\\]|\\.)*"|[^{}\[\]"])*\]', re.S)
+_STRING = r'"(?:[^"\\]|\\.)*'  # a JSON string, up to its closing quote (not included)
+_PLAIN = r'[^{}\[\]"]'  # a character that neither opens a string nor is a bracket
+_FLAT_SPAN = re.compile(rf'\{{(?:{_STRING}"|{_PLAIN})*\}}|\[(?:{_STRING}"|{_PLAIN})*\]', re.S)
 # Inside brackets: skip strings (whole, escapes included) and other text up to the next
 # bracket, which group 1 captures ('' at the end). Deterministic: linear.
-_INSIDE_BRACKETS = re.compile(r'(?:"(?:[^"\\]|\\.)*"?|[^{}\[\]"])*([{}\[\]]|$)', re.S)
+_INSIDE_BRACKETS = re.compile(rf'(?:{_STRING}"?|{_PLAIN})*([{{}}\[\]]|$)', re.S)
 _SEPARATORS = " \t\r\n_-#"
 
 
@@ -532,13 +533,14 @@ def _decode_json(text: str) -> tuple[bool, Any]:
         return False, None
 
 
-def _lenient(text: str, decode) -> tuple[bool, Any]:
-    """``decode`` the text strictly, then with the lenient repairs."""
+def _lenient(text: str, decode) -> tuple[bool, Any, str | None]:
+    """``decode`` the text strictly, then with the lenient repairs: ``(decoded, value, the
+    repaired text or None when it was not needed)``."""
     ok, obj = decode(text)
     if ok:
-        return ok, obj
+        return ok, obj, None
     repaired = _repair(text)
-    return decode(repaired) if repaired != text else (False, None)
+    return (*(decode(repaired) if repaired != text else (False, None)), repaired)
 
 
 def _plan_values(chunk: str, budget: _Budget, shaped: Callable[[Any], bool] | None = None,
@@ -558,10 +560,7 @@ def _plan_values(chunk: str, budget: _Budget, shaped: Callable[[Any], bool] | No
         return None, found
     if stripped[:1] in ("{", "["):
         budget.decodes -= 1
-        ok, obj = decode(stripped)
-        if not ok:
-            repaired = _repair(stripped)
-            ok, obj = decode(repaired) if repaired != stripped else (False, None)
+        ok, obj, repaired = _lenient(stripped, decode)
         if ok:
             if shaped(obj):
                 return obj, True
@@ -575,7 +574,7 @@ def _plan_values(chunk: str, budget: _Budget, shaped: Callable[[Any], bool] | No
         if budget.decodes <= 0:
             break
         budget.decodes -= 1
-        ok, obj = _lenient(span, decode)
+        ok, obj, _ = _lenient(span, decode)
         if ok:
             found = True
             if shaped(obj):
