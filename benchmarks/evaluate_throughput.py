@@ -2,8 +2,9 @@
 
     python benchmarks/evaluate_throughput.py [--batches 1 4096 65536] [--block-groups N]
 
-Prints one JSON line per (resolution, batch) with: benchmark, device_kind, batch, layers,
-block_groups, rows_per_plan (tenant slots x rows per model: the rows the kernel evaluates per
+Prints one JSON line per (resolution, batch, per-row output) with: benchmark, device_kind,
+batch, layers, block_groups, layer_stability (whether the per-row output was computed: full
+resolution batches are measured both ways), rows_per_plan (tenant slots x rows per model: the rows the kernel evaluates per
 plan), plans_per_second, row_evaluations_per_second (plans/s x rows_per_plan),
 compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference. Batch 1 is
 the jitted program on one plan (no validation: ``evaluate_single_call`` below has the whole
@@ -58,30 +59,37 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     sc = lj.reference_scenario(block_groups=block_groups)
     base = sample_plans(sc, 4096, seed=0)
     ref_rate = reference_rate(sc, base, reference_plans)
-    fn = functools.partial(lj.evaluate, validate=False)  # its jitted program, nothing more
+    # Full resolution: with and without the per-row output (Metrics.layer_stability), which
+    # a batch summed by row class (physics/rowclasses.py) otherwise never needs per row.
+    modes = (True, False) if sc.row_classes is not None else (True,)
     for batch in batches:
         plans = _tile(base, batch)
-        compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats,
-                                          label=f"evaluate, {sc.num_layers} rows, batch {batch:,}")
-        rate = batch / run_s
-        rec = {
-            "benchmark": "evaluate_throughput",
-            "device_kind": jax.devices()[0].device_kind,
-            "platform": jax.devices()[0].platform,
-            "batch": batch,
-            "tenants": sc.num_tenants,
-            "layers": sc.num_layers,
-            "block_groups": block_groups,
-            "rows_per_plan": sc.num_tenants * sc.num_layers,
-            "plans_per_second": round(rate, 1),
-            "row_evaluations_per_second": round(rate * sc.num_tenants * sc.num_layers, 1),
-            "compile_seconds": round(compile_s, 3),
-            "run_seconds": round(run_s, 6),
-            "reference_plans_per_second": round(ref_rate, 2),
-            "speedup_vs_reference": round(rate / ref_rate, 1),
-        }
-        print(json.dumps(rec), flush=True)
-        out.append(rec)
+        for per_row in modes if batch > 1 else (True,):
+            # its jitted program, nothing more
+            fn = functools.partial(lj.evaluate, validate=False, layer_stability=per_row)
+            label = (f"evaluate, {sc.num_layers} rows, batch {batch:,}"
+                     + ("" if per_row else ", no layer_stability"))
+            compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats, label=label)
+            rate = batch / run_s
+            rec = {
+                "benchmark": "evaluate_throughput",
+                "device_kind": jax.devices()[0].device_kind,
+                "platform": jax.devices()[0].platform,
+                "batch": batch,
+                "tenants": sc.num_tenants,
+                "layers": sc.num_layers,
+                "block_groups": block_groups,
+                "layer_stability": per_row,
+                "rows_per_plan": sc.num_tenants * sc.num_layers,
+                "plans_per_second": round(rate, 1),
+                "row_evaluations_per_second": round(rate * sc.num_tenants * sc.num_layers, 1),
+                "compile_seconds": round(compile_s, 3),
+                "run_seconds": round(run_s, 6),
+                "reference_plans_per_second": round(ref_rate, 2),
+                "speedup_vs_reference": round(rate / ref_rate, 1),
+            }
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
     trials = {False: [], True: []}
     for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
         for inline in (False, True):

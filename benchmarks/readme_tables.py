@@ -93,10 +93,11 @@ def evaluate_throughput() -> str:
             ref = r.get("speedup_vs_reference")
             rows_s = r["plans_per_second"] * r.get("tenants", 0) * r["layers"]
             rows.append((_device(r), r["layers"], f"{r['batch']:,}",
+                         "yes" if r.get("layer_stability", True) else "no",
                          _si(r["plans_per_second"]), _si(rows_s) if rows_s else "",
                          f"{r['compile_seconds']:.1f} s", f"{ref:,.0f}×" if ref else ""))
-    return _table(("device", "rows per model (L)", "batch", "plans/s", "row evaluations/s",
-                   "compile", "vs plain-Python reference"), rows)
+    return _table(("device", "rows per model (L)", "batch", "`layer_stability`", "plans/s",
+                   "row evaluations/s", "compile", "vs plain-Python reference"), rows)
 
 
 def evaluate_single_call() -> str:

@@ -1,5 +1,7 @@
 """JAX evaluate vs the plain-Python reference, and JAX properties (jit, vmap, retrace)."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
+from libratio_jax.physics import kernel
 from libratio_jax.physics.kernel import (
     _pack_plan,
     _packed_scenario,
@@ -140,10 +143,83 @@ def test_no_retrace_for_new_scenario_of_same_capacity():
     def run(sc, plan):
         return jax.vmap(evaluate_one, in_axes=(None, 0))(sc, plan)
 
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def by_class(sc, plan):  # full resolution: batches are summed by row class
+        return kernel.evaluate_batch(sc, plan)
+
     pa, pb = sample_plans(a, 16, seed=0), sample_plans(b, 16, seed=1)
     ma, mb = run(a, pa), run(b, pb)
     assert not np.allclose(np.asarray(ma.step_seconds), np.asarray(mb.step_seconds))
+    chex.assert_trees_all_close(by_class(a, pa), ma, rtol=1e-5)
+    chex.assert_trees_all_close(by_class(b, pb), mb, rtol=1e-5)
     chex.clear_trace_counter()
+
+
+def test_row_classes_partition_the_rows():
+    """Every valid row of a full-resolution scenario is in exactly one class (one merged
+    row), padding slots point past the rows; merged scenarios have no classes; a class whose
+    rows differ is refused at build."""
+    from libratio_jax.physics.architecture import config_rows
+    from libratio_jax.physics.rowclasses import row_class_indices
+
+    sc = _mixed()
+    grid = np.asarray(sc.row_classes)
+    valid = np.asarray(sc.models.valid)
+    coarse = sc.coarse_models
+    for m in range(3):
+        rows = grid[m][grid[m] < sc.num_layers]
+        np.testing.assert_array_equal(np.sort(rows), np.flatnonzero(valid[m]))
+        sizes = (grid[m] < sc.num_layers).sum(-1)  # rows per class = sub-layers per merged row
+        np.testing.assert_array_equal(sizes, np.where(np.asarray(coarse.valid[m]),
+                                                      np.asarray(coarse.count[m]), 0))
+        kinds = np.asarray(sc.models.kind[m])
+        for j in range(grid.shape[1]):
+            members = grid[m, j][grid[m, j] < sc.num_layers]
+            assert np.all(kinds[members] == int(coarse.kind[m, j]))
+    assert lj.reference_scenario(block_groups=2).row_classes is None
+    rows, _ = config_rows("tiny-llama")
+    coarse_rows, _ = config_rows("tiny-llama", 1)
+    tampered = list(rows)
+    tampered[5] = (tampered[5][0], tampered[5][1] + 1.0) + tuple(tampered[5][2:])
+    with pytest.raises(RuntimeError, match="identical"):
+        row_class_indices(tampered, coarse_rows)
+
+
+def _spoiled(plans, dtype):
+    """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
+    mixed in (every fourth plan keeps its values)."""
+    prec = np.asarray(plans.precision).astype(np.float64)
+    rng = np.random.default_rng(0)
+    bad = rng.choice([-1, 12, 200, 2.5, np.nan], size=prec.shape)
+    spoil = rng.random(prec.shape) < 0.002
+    prec = np.where(spoil, bad, prec)
+    if np.issubdtype(dtype, np.integer):
+        prec = np.where(np.isfinite(prec) & (prec == np.round(prec)), prec, 12)
+        prec = np.where(prec < 0, 255, prec) if dtype == np.uint8 else prec
+    prec[::4] = np.asarray(plans.precision)[::4]
+    tp = np.asarray(plans.tp).copy()
+    tp[1::5, 0] = 3
+    return plans.replace(precision=jnp.asarray(prec.astype(dtype)), tp=jnp.asarray(tp))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.float32])
+def test_class_counts_equal_row_by_row_physics(dtype):
+    """A batch at full resolution, summed by format counts per row class, gives the metrics
+    of the row-by-row physics (the single-plan path), hostile plans included: the same
+    tenants are invalid, and nothing else differs beyond float rounding."""
+    sc = _mixed()
+    plans = _spoiled(sample_plans(sc, 48, seed=6), dtype)
+    by_class = jax.jit(kernel.evaluate_batch)(sc, plans)
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    valid = np.asarray(by_rows.plan_valid)
+    assert 0.3 < valid.mean() < 1.0
+    np.testing.assert_array_equal(np.asarray(by_class.plan_valid), valid)
+    chex.assert_trees_all_close(by_class, by_rows, rtol=1e-5, atol=1e-6)
+    without = jax.jit(functools.partial(kernel.evaluate_batch, layer_stability=False))(sc, plans)
+    assert without.layer_stability is None
+    chex.assert_trees_all_close(without.replace(layer_stability=by_class.layer_stability),
+                                by_class, rtol=1e-6)
 
 
 def test_absent_tenants_report_zeros():

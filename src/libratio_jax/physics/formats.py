@@ -197,6 +197,11 @@ def format_name(fid: int) -> str:
     return FORMAT_NAMES[int(fid)]
 
 
+# The precision of a class model (``physics.rowclasses.class_model``): every format along the
+# last axis of its ``[classes, F]`` pseudo-rows.
+FORMAT_AXIS = np.arange(NUM_FORMATS, dtype=np.int32)[None, :]
+
+
 def select_columns(precision, table):
     """Per-element values of a small per-format table: ``table[:, k][precision]`` for each
     column ``k`` of a ``[F, K]`` table, as a tuple of ``K`` arrays shaped like ``precision``.
@@ -204,11 +209,14 @@ def select_columns(precision, table):
     Written as a chain of selects rather than a gather, and column by column (no trailing
     ``K`` axis to slice or reduce across): on CPU, XLA vectorizes compares and selects but not
     gathers; on GPU, separate minor-axis arrays keep the later reductions on the fast path.
-    Ids outside ``[0, F)`` give zeros (validation rejects them earlier).
+    Ids outside ``[0, F)`` give zeros (validation rejects them earlier). For
+    ``precision is FORMAT_AXIS`` the columns themselves, shaped ``[1, F]``.
     """
     import jax.numpy as jnp
 
     table = jnp.asarray(table)
+    if precision is FORMAT_AXIS:
+        return tuple(table[:, k][None, :] for k in range(table.shape[1]))
     p = jnp.asarray(precision)
     masks = [p == f for f in range(table.shape[0])]
     out = []

@@ -26,10 +26,17 @@ import numpy as np
 from flax import struct
 
 from libratio_jax.physics import formats as F
-from libratio_jax.physics import safety
+from libratio_jax.physics import safety, stability
 from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.packing import pack, unpack
-from libratio_jax.physics.plan import INT_FIELDS, Plan, sanitize_plan, validate_plan
+from libratio_jax.physics.plan import (
+    INT_FIELDS,
+    Plan,
+    sanitize_fields,
+    sanitize_plan,
+    validate_plan,
+)
+from libratio_jax.physics.rowclasses import class_model, format_counts
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -37,7 +44,8 @@ from libratio_jax.physics.throughput import tenant_step_time
 
 @struct.dataclass
 class Metrics:
-    """Per-tenant fields have shape ``[..., M]`` (``layer_stability``: ``[..., M, L]``);
+    """Per-tenant fields have shape ``[..., M]`` (``layer_stability``: ``[..., M, L]``, None when
+    ``evaluate(..., layer_stability=False)``);
     cluster fields ``[...]`` (``gpus_used``: ``[..., P]``). Absent tenants and tenants with no
     GPUs (``active`` False) report zeros, ``fits`` False for a present tenant with no GPUs.
     Units: bytes per GPU, seconds, tokens/s, watts per GPU, °C.
@@ -140,17 +148,27 @@ def evaluate_one(scenario: Scenario, plan: Plan) -> Metrics:
 def evaluate_sanitized(scenario: Scenario, plan: Plan, plan_valid) -> Metrics:
     """:func:`evaluate_one` of a plan already through ``sanitize_plan`` (``plan_valid[M]`` its
     verdict): for callers that need the sanitized plan too, so it is computed once."""
+    return _evaluate_tenants(scenario, scenario.models, plan.precision, 0,
+                             {f: getattr(plan, f) for f in INT_FIELDS}, plan_valid)
+
+
+def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fields,
+                      plan_valid) -> Metrics:
+    """Metrics of sanitized ``fields`` (``[M]`` each) with the row formats ``precision`` of
+    ``models`` (``[M, L]`` and the scenario's models, or ``formats.FORMAT_AXIS`` and class
+    models: ``precision_axis`` None)."""
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
-    pool_idx = jnp.clip(plan.pool, 0, n_pools - 1)
+    pool_idx = jnp.clip(fields["pool"], 0, n_pools - 1)
     pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
-    per_tenant = jax.vmap(_tenant_metrics, in_axes=(0, 0, 0, 0, 0, None) + (0,) * 8)(
-        scenario.models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
-        c.inlet_celsius,
-        plan.precision, plan.gpus, plan.tp, plan.pp, plan.zero_stage, plan.recompute,
-        plan.kv_precision, plan.micro_batch)
+    per_tenant = jax.vmap(_tenant_metrics,
+                          in_axes=(0, 0, 0, 0, 0, None, precision_axis) + (0,) * 7)(
+        models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
+        c.inlet_celsius, precision,
+        *(fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
+                              "micro_batch")))
     active = per_tenant["active"]
-    gpus = jnp.where(scenario.present, plan.gpus, 0)
+    gpus = jnp.where(scenario.present, fields["gpus"], 0)
     onehot = pool_idx[:, None] == jnp.arange(n_pools)[None, :]
     used = jnp.sum(jnp.where(onehot, gpus[:, None], 0), axis=0)
     overcommitted = jnp.any(used > jnp.where(c.valid, c.gpu_count, 0))
@@ -167,45 +185,102 @@ def evaluate_sanitized(scenario: Scenario, plan: Plan, plan_valid) -> Metrics:
     )
 
 
-# On CPU, evaluating a large batch in chunks keeps the intermediates in cache: measured on the
-# 2-core machine, 4,096-plan chunks run about 2x faster than one 65,536-plan pass. GPUs want
-# the whole batch at once.
-CPU_CHUNK = 4096
+def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
+                     layer_stability: bool = True) -> Metrics:
+    """:func:`evaluate_one` of a plan whose row formats are given as ``counts[M, classes, F]``
+    (:func:`~libratio_jax.physics.rowclasses.format_counts`) on a full-resolution scenario
+    (``scenario.row_classes`` set): the physics run on the class models, identical to the
+    row-by-row physics up to float rounding. ``plan.precision`` is read only for
+    ``layer_stability`` (``[M, L]``; with ``layer_stability=False`` the field is None)."""
+    coarse, models = scenario.coarse_models, scenario.models
+    rows = jnp.sum(models.valid, axis=-1).astype(jnp.float32)
+    fields, valid = sanitize_fields(scenario, plan, jnp.sum(counts, axis=(-2, -1)) == rows)
+    # An invalid or absent tenant has no GPUs in ``fields``, so every metric of it is gated
+    # off and its counts (finite whatever the plan: out-of-domain rows are not counted) need
+    # no replacing (XLA would recompute the whole check inside every per-entry kernel).
+    out = _evaluate_tenants(scenario, jax.vmap(class_model)(coarse, counts), F.FORMAT_AXIS,
+                            None, fields, valid)
+    per_row = None
+    if layer_stability:
+        prec = sanitize_plan(scenario, plan)[0].precision
+        per_row = jax.vmap(stability.layer_stability)(models, scenario.workloads.mode, prec)
+        per_row = jnp.where(scenario.present[:, None], per_row, 1.0)
+    return out.replace(layer_stability=per_row)
 
 
-def evaluate_batch(scenario: Scenario, plan: Plan) -> Metrics:
-    """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``:
-    :func:`map_plans` of :func:`evaluate_one`."""
-    return map_plans(lambda p: evaluate_one(scenario, p), plan)
+# On CPU a large batch runs in chunks small enough for their intermediates to stay in cache:
+# about this many per-plan entries (tenant slots x rows, or x classes x formats) per chunk.
+# Measured on the 2-core machine (one process, plans/s against the chunk size): 4 x 399 rows
+# 134 k at 512 plans, 104 k at 1,024, 63 k at 4,096; class counts (4 x 16 x 12) 172 k at
+# 512, 78 k at 4,096; merged rows (4 x 16) 0.93 M at 256, 1.1 M at 2,048 and more.
+CPU_CHUNK_ENTRIES = 1 << 19
+CPU_CHUNK = 4096  # at most this many plans per chunk
+
+
+def cpu_chunk(entries_per_plan: int) -> int:
+    """Plans per chunk on CPU for plans of ``entries_per_plan`` entries: the power of two
+    nearest below ``CPU_CHUNK_ENTRIES / entries_per_plan``, between 256 and ``CPU_CHUNK``
+    (never more than ``CPU_CHUNK``)."""
+    n = max(CPU_CHUNK_ENTRIES // max(entries_per_plan, 1), 1)
+    return min(max(1 << (n.bit_length() - 1), 256), CPU_CHUNK)
+
+
+def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = True) -> Metrics:
+    """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``: on a
+    full-resolution scenario (``scenario.row_classes`` set) by format counts per row class
+    (:func:`evaluate_counted`), else :func:`evaluate_one` per plan; chunked on CPU
+    (:func:`map_chunks`). ``layer_stability=False`` leaves that ``[B, M, L]`` field None
+    (the class path then reads each row once, to count it)."""
+    m, l = scenario.num_tenants, scenario.num_layers
+    if scenario.row_classes is None:
+        def chunk(p):
+            out = jax.vmap(lambda q: evaluate_one(scenario, q))(p)
+            return out if layer_stability else out.replace(layer_stability=None)
+        return map_chunks(chunk, plan, cpu_chunk(m * l))
+
+    def by_class(p):
+        counts = format_counts(scenario.row_classes, p.precision)
+        return jax.vmap(lambda q, n: evaluate_counted(scenario, q, n,
+                                                      layer_stability=layer_stability))(p, counts)
+    entries = m * scenario.row_classes.shape[-2] * F.NUM_FORMATS
+    return map_chunks(by_class, plan, cpu_chunk(entries + (m * l if layer_stability else 0)))
 
 
 def map_plans(fn, plan: Plan):
-    """``vmap`` of ``fn(one plan)`` over plans ``[B, ...]``; on CPU, batches larger than
-    ``CPU_CHUNK`` run as a ``lax.map`` over chunks (padded with copies of the first plan, then
-    cut). The batching every per-plan physics function uses."""
-    fn = jax.vmap(fn)
+    """``vmap`` of ``fn(one plan)`` over plans ``[B, ...]``, chunked on CPU
+    (:func:`map_chunks`, by the plans' rows). The batching every per-plan physics function
+    uses."""
+    return map_chunks(jax.vmap(fn), plan, cpu_chunk(math.prod(np.shape(plan.precision)[1:])))
+
+
+def map_chunks(fn, plan: Plan, chunk_size: int = CPU_CHUNK):
+    """``fn(plans [b, ...])`` over plans ``[B, ...]``: on CPU, batches larger than
+    ``chunk_size`` run as a ``lax.map`` over chunks of that many plans (padded with copies of
+    the first plan, then cut); elsewhere in one call."""
     b = plan.gpus.shape[0]
-    if jax.default_backend() != "cpu" or b <= CPU_CHUNK:
+    size = min(chunk_size, CPU_CHUNK)
+    if jax.default_backend() != "cpu" or b <= size:
         return fn(plan)
-    n = -(-b // CPU_CHUNK)
-    pad = n * CPU_CHUNK - b
+    n = -(-b // size)
+    pad = n * size - b
 
     def chunk(x):
         if pad:
             x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad,) + x.shape[1:])])
-        return x.reshape((n, CPU_CHUNK) + x.shape[1:])
+        return x.reshape((n, size) + x.shape[1:])
 
     out = jax.lax.map(fn, jax.tree.map(chunk, plan))
-    return jax.tree.map(lambda x: x.reshape((n * CPU_CHUNK,) + x.shape[2:])[:b], out)
+    return jax.tree.map(lambda x: x.reshape((n * size,) + x.shape[2:])[:b], out)
 
 
-def _run(batch_shape: tuple[int, ...], scenario, plan) -> Metrics:
+def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = True) -> Metrics:
     """Evaluation of plans with leading axes ``batch_shape`` (flattened to one)."""
     if not batch_shape:
-        return evaluate_one(scenario, plan)
+        out = evaluate_one(scenario, plan)
+        return out if layer_stability else out.replace(layer_stability=None)
     k = len(batch_shape)
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
-    out = evaluate_batch(scenario, flat)
+    out = evaluate_batch(scenario, flat, layer_stability=layer_stability)
     return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
@@ -242,7 +317,7 @@ def _memory_scheduler_available() -> bool:
 
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tuple | None,
-             packed_plan: bool):
+             packed_plan: bool, layer_stability: bool = True):
     """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
     the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
     is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
@@ -257,7 +332,7 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tupl
             ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
             plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
                         **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
-        return _run(batch_shape, scenario, plan)
+        return _run(batch_shape, scenario, plan, layer_stability)
 
     return jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
 
@@ -348,11 +423,16 @@ def inline_cpu_dispatch() -> bool:
     return True
 
 
-def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metrics:
+def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
+             layer_stability: bool = True) -> Metrics:
     """Evaluate a plan or a batch of plans (any leading axes) on a scenario.
 
     Validates concrete inputs first (ValueError naming the field); inside a trace the
-    validation is skipped and the pure function is used directly.
+    validation is skipped and the pure function is used directly. A batch at full resolution
+    (``scenario.row_classes`` set) is summed by format counts per row class
+    (``physics.rowclasses``); ``layer_stability=False`` skips the one per-row output
+    (``Metrics.layer_stability`` is then None), which is most of what such a batch costs
+    beyond reading its rows.
     """
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
@@ -365,5 +445,6 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True) -> Metric
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     layout, scenario_args = _scenario_args(scenario)
-    program = _program(tuple(shape[:-2]), *shape[-2:], layout, packed_plan is not None)
+    program = _program(tuple(shape[:-2]), *shape[-2:], layout, packed_plan is not None,
+                       bool(layer_stability))
     return program(scenario_args, plan if packed_plan is None else packed_plan)

@@ -526,24 +526,38 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     stay finite whatever the input; the caller floors the reward of an invalid plan (IRD rule
     ``invalid_plan``).
     """
-    m, l = scenario.num_tenants, scenario.num_layers
-    idle = Plan.idle(m, l)
-    n_pools = scenario.cluster.gpu_count.shape[-1]
-
-    def integral(x, lo, hi):
-        x = jnp.asarray(x)
-        if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
-            if x.dtype.itemsize < 4:  # exact in int32, where the bounds fit (in uint8 they wrap)
-                x = x.astype(jnp.int32)
-            ok = (x >= lo) & (x <= hi)  # in the input's own width (no wrap-around first)
-            return jnp.where(ok, x, lo).astype(jnp.int32), ok
-        xf = x.astype(jnp.float32)
-        ok = jnp.isfinite(xf) & (xf == jnp.round(xf)) & (xf >= lo) & (xf <= hi)
-        return jnp.where(ok, xf, lo).astype(jnp.int32), ok
-
-    big = INT_LIMIT
-    prec, ok_prec = integral(plan.precision, 0, F.NUM_FORMATS - 1)
+    prec, ok_prec = _integral(plan.precision, 0, F.NUM_FORMATS - 1)
     ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
+    fields, valid = sanitize_fields(scenario, plan, ok)
+    keep = valid & scenario.present
+    safe = Plan(precision=jnp.where(keep[:, None], prec, F.BF16), **fields)
+    return safe, valid
+
+
+def _integral(x, lo, hi):
+    """``(int32 values, in-domain mask)``: finite integers in ``[lo, hi]`` kept, others
+    ``lo``."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+        if x.dtype.itemsize < 4:  # exact in int32, where the bounds fit (in uint8 they wrap)
+            x = x.astype(jnp.int32)
+        ok = (x >= lo) & (x <= hi)  # in the input's own width (no wrap-around first)
+        return jnp.where(ok, x, lo).astype(jnp.int32), ok
+    xf = x.astype(jnp.float32)
+    ok = jnp.isfinite(xf) & (xf == jnp.round(xf)) & (xf >= lo) & (xf <= hi)
+    return jnp.where(ok, xf, lo).astype(jnp.int32), ok
+
+
+def sanitize_fields(scenario, plan: Plan, precision_ok) -> tuple[dict, jnp.ndarray]:
+    """:func:`sanitize_plan` of the integer fields ``[M]`` given whether each tenant's row
+    formats are in their domain (``precision_ok[M]``): ``(safe fields by name, valid[M])``,
+    the idle plan's values for every invalid or absent tenant. ``plan.precision`` is not
+    read (the class-count path checks the formats while counting them)."""
+    idle = Plan.idle(scenario.num_tenants, 1)
+    n_pools = scenario.cluster.gpu_count.shape[-1]
+    integral = _integral
+    ok = precision_ok
+    big = INT_LIMIT
     fields = {}
     for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
                          ("kv_precision", 0, F.NUM_FORMATS - 1), ("pool", 0, n_pools - 1)):
@@ -564,9 +578,7 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
                  & (pp <= models.n_blocks.astype(jnp.int32)))
     valid = ~scenario.present | (ok & (structure | ~has_gpus))
     keep = valid & scenario.present
-    safe = Plan(precision=jnp.where(keep[:, None], prec, idle.precision),
-                **{k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()})
-    return safe, valid
+    return {k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()}, valid
 
 
 # Menus: the values a random plan and the factorized plan space (agents/plan_space.py) choose

@@ -26,6 +26,7 @@ from libratio_jax.physics.architecture import (
 )
 from libratio_jax.physics.hardware import ClusterSpec
 from libratio_jax.physics.optimizer import OPTIMIZERS
+from libratio_jax.physics.rowclasses import class_grid, row_class_indices
 
 # Rows of a model with all blocks merged (embedding, one block's sub-layers, final norm, lm_head):
 # at most 15 for the supported architectures; a fixed capacity keeps shapes static.
@@ -142,6 +143,10 @@ class Scenario:
     model_id: jnp.ndarray
     coarse_models: ModelSpec
     pending: jnp.ndarray
+    # Full resolution only: int32 [M, classes, slots] indices of the rows of each row class
+    # (one merged row; padding = L), with which ``evaluate`` sums a batch of plans by format
+    # counts per class (physics/rowclasses.py). None for merged blocks (block_groups).
+    row_classes: jnp.ndarray | None = None
 
     @property
     def num_tenants(self) -> int:
@@ -207,6 +212,10 @@ class Scenario:
         host = dict(models=stack(specs), workloads=stack(works),
                     present=np.arange(cap_m) < len(built), model_id=np.array(ids, np.int32),
                     coarse_models=stack(coarse), pending=np.zeros(cap_m, bool))
+        if block_groups is None and cap_l > cap_c:
+            host["row_classes"] = class_grid(
+                [row_class_indices(b[0], b[4][0]) for b in built], cap_m, cap_c, cap_l,
+                tight=max_layers is None)
         return cls(cluster=cluster, **jax.device_put(host))
 
 

@@ -1,0 +1,141 @@
+"""Full-resolution plans as format counts per row class (issue 17).
+
+Every block of a model has the same sub-layer rows with the same constants: the ``k``-th row
+of every block of a run of identically laid-out blocks is one *class*, which is exactly one
+row of the merged model (``Scenario.coarse_models``, ``block_groups=1``; outside rows, the
+embedding, final norm and output head, are classes of one row). The physics of a plan sums
+per-row terms whose extensive parts (parameters, FLOPs, launches, saved activations, the
+count of sub-layers) scale with the rows and whose only non-linearity, the roofline's
+``max(compute, traffic)``, is positively homogeneous. So a tenant's plan is summed exactly by
+``counts[class, format]`` (how many rows of the class hold the format): the physics run on a
+*class model* of ``[classes, formats]`` pseudo-rows, the merged rows scaled by
+``counts / count``, in every format at once, instead of on every row.
+
+Counting is the only per-row work left, and it is written for XLA's CPU code generator: the
+plans' rows are moved to the major axis (``[M, L, B]``, a copy of one byte per row), the rows
+of each class are gathered into a ``[M, classes, slots]`` grid (whole rows of ``B`` plans at
+once, cheap), and the formats are counted slot by slot in 8-bit lanes across the batch.
+
+Example:
+    >>> import libratio_jax as lj
+    >>> sc = lj.reference_scenario()
+    >>> sc.row_classes.shape  # [M, classes, slots]: row indices, padding = L
+    (4, 16, 36)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from libratio_jax.physics import formats as F
+
+# Row tuple layout of ``architecture.build_rows``: kind, params, flops_per_token, in, out,
+# gemm_instances, act_bytes_per_token, block, count.
+_EXTENSIVE = (1, 2, 5, 6)  # per-row totals: equal per sub-layer within a class
+_INTENSIVE = (0, 3, 4)  # kind, in and out dims: equal within a class
+# Counts are accumulated in 8-bit lanes; at most this many slots are counted before the
+# partial counts are widened.
+_U8_SLOTS = 255
+# A format id no row can hold: padding slots and out-of-domain ids read as this.
+_NO_FORMAT = 255
+
+
+def row_class_indices(rows, coarse_rows) -> list[list[int]]:
+    """For one model: the indices of its rows (``build_rows`` tuples, one row per sub-layer per
+    block) that belong to each row of its merged model (``block_groups=1``), in merged-row
+    order. Raises RuntimeError if a class's rows differ in a constant (the physics could not
+    be summed per class)."""
+    classes: list[list[int]] = [[] for _ in coarse_rows]
+    outside = [j for j, r in enumerate(coarse_rows) if r[7] < 0]
+    runs: dict[int, list[int]] = {}  # first block of a run -> its merged rows, in order
+    for j, r in enumerate(coarse_rows):
+        if r[7] >= 0:
+            runs.setdefault(int(r[7]), []).append(j)
+    starts = sorted(runs)
+    n_outside = 0
+    position: dict[int, int] = {}  # block -> rows of it seen so far
+    for i, r in enumerate(rows):
+        b = int(r[7])
+        if b < 0:
+            j = outside[n_outside]
+            n_outside += 1
+        else:
+            start = max(s for s in starts if s <= b)
+            k = position.get(b, 0)
+            position[b] = k + 1
+            j = runs[start][k]
+        classes[j].append(i)
+    for j, members in enumerate(classes):
+        c = coarse_rows[j]
+        count = float(c[8])
+        ok = len(members) == int(count) and all(
+            all(rows[i][k] == c[k] for k in _INTENSIVE)
+            and all(math.isclose(rows[i][k] * count, c[k], rel_tol=1e-9, abs_tol=1e-9)
+                    for k in _EXTENSIVE) for i in members)
+        if not ok:
+            raise RuntimeError(f"row class {j} of a model does not hold identical rows; the "
+                               "class-count physics would differ from the row-by-row physics")
+    return classes
+
+
+def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: int,
+               num_layers: int, tight: bool = False) -> np.ndarray:
+    """``int32[M, classes, slots]`` row indices of each class's rows, padded with
+    ``num_layers`` (a row that holds no format). Absent tenant slots repeat the first
+    model's grid, as their models do. ``slots`` is the largest class (``tight``, for a
+    scenario whose ``L`` is its largest model's rows anyway), else at least ``ceil(L / 9)``:
+    a block has at least 9 rows, so a class of a model of ``L`` rows has at most that many,
+    which keeps the shape a function of the capacity."""
+    most = max((len(c) for classes in per_model for c in classes), default=1)
+    slots = max(most, 1 if tight else -(-num_layers // 9), 1)
+    grid = np.full((num_tenants, num_classes, slots), num_layers, np.int32)
+    for m in range(num_tenants):
+        for j, members in enumerate(per_model[m if m < len(per_model) else 0]):
+            grid[m, j, :len(members)] = members
+    return grid
+
+
+def format_counts(grid, precision) -> jnp.ndarray:
+    """``float32[B, M, classes, F]`` rows of each class holding each format, for plans
+    ``precision [B, M, L]`` (any numeric dtype). Ids outside ``[0, F)``, and non-integral
+    values, are not counted (compare the total with the class sizes to flag them)."""
+    b, m, l = precision.shape
+    p = jnp.asarray(precision)
+    if jnp.issubdtype(p.dtype, jnp.integer):
+        ok = (p >= 0) & (p < F.NUM_FORMATS)
+    else:
+        ok = jnp.isfinite(p) & (p == jnp.round(p)) & (p >= 0) & (p < F.NUM_FORMATS)
+    ids = jnp.where(ok, p, _NO_FORMAT).astype(jnp.uint8)
+    rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
+    rows = jnp.concatenate([rows, jnp.full((m, 1, b), _NO_FORMAT, jnp.uint8)], axis=1)
+    slots = jax.vmap(lambda r, g: r.at[g].get(mode="promise_in_bounds"))(rows, grid)
+    total = None
+    for start in range(0, slots.shape[2], _U8_SLOTS):
+        acc = [jnp.zeros((m, grid.shape[1], b), jnp.uint8) for _ in range(F.NUM_FORMATS)]
+        for s in range(start, min(start + _U8_SLOTS, slots.shape[2])):
+            x = slots[:, :, s]
+            acc = [a + (x == f).astype(jnp.uint8) for f, a in enumerate(acc)]
+        part = jnp.stack(acc, axis=-1).astype(jnp.float32)  # [M, classes, B, F]
+        total = part if total is None else total + part
+    return jnp.transpose(total, (2, 0, 1, 3))
+
+
+def class_model(coarse, counts):
+    """The class model of one tenant: the merged rows ``coarse`` (``ModelSpec``, ``[C]``
+    rows) as ``[C, F]`` pseudo-rows, row ``(j, f)`` standing for the ``counts[j, f]`` rows of
+    class ``j`` in format ``f`` (extensive fields scaled by ``counts / count``, ``count`` set to
+    the counts, intensive fields ``[C, 1]``); evaluate it with ``precision =
+    formats.FORMAT_AXIS``."""
+    scale = counts / jnp.maximum(coarse.count, 1.0)[:, None]
+    col = lambda x: x[:, None]  # noqa: E731
+    return coarse.replace(
+        kind=col(coarse.kind), in_dim=col(coarse.in_dim), out_dim=col(coarse.out_dim),
+        block=col(coarse.block),
+        params=col(coarse.params) * scale, flops_per_token=col(coarse.flops_per_token) * scale,
+        gemm_instances=col(coarse.gemm_instances) * scale,
+        act_bytes_per_token=col(coarse.act_bytes_per_token) * scale, count=counts,
+        valid=col(coarse.valid) & (counts > 0))
