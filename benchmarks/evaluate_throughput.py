@@ -4,16 +4,16 @@
 
 Prints one JSON line per (resolution, batch, per-row output) with: benchmark, device_kind,
 batch, layers, block_groups, layer_stability (whether the per-row output was computed: full
-resolution batches are measured both ways), rows_per_plan (tenant slots x rows per model: the rows the kernel evaluates per
-plan), plans_per_second, row_evaluations_per_second (plans/s x rows_per_plan),
-compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference. Batch 1 is
-the jitted program on one plan (no validation: ``evaluate_single_call`` below has the whole
-call). Compile time is the first call (trace + XLA compile + one run) minus a
-steady-state run; run time is the median of ``--repeats`` steady-state calls. Then, per
-resolution, two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one
-plan of host arrays (validation, dispatch and the result included; what a server step pays),
-the median of ``--repeats`` rounds of 200 calls, the fastest of ``SINGLE_CALL_TRIALS`` fresh
-processes (``processes``) with JAX's default asynchronous CPU dispatch and with
+resolution batches are measured both ways), rows_per_plan (tenant slots x rows per model: the
+rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second (plans/s x
+rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference.
+Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
+the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
+state run; run time is the median of ``--repeats`` steady-state calls. Then, per resolution,
+two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one plan of
+host arrays (validation, dispatch and the result included; what a server step pays), the median
+of ``--repeats`` rounds of 200 calls, the fastest of ``SINGLE_CALL_TRIALS`` fresh processes
+(``processes``) with JAX's default asynchronous CPU dispatch and with
 ``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA fusions) of that
 program (``program_kernels``).
 """
