@@ -27,16 +27,17 @@ import jax
 import numpy as np
 
 
-def pack(tree, batch_dims: int = 0, max_bytes: int | None = None
+def pack(tree, batch_dims: int = 0, max_bytes: int | None = None, xp=np
          ) -> tuple[tuple, tuple[np.ndarray, ...]]:
     """``(layout, arrays)``: the leaves of ``tree`` (host or device arrays with the same
     leading ``batch_dims`` axes) flattened after those axes and concatenated per dtype into
     host arrays ``[*batch, n]``; with ``max_bytes``, a dtype's leaves fill several arrays of
     at most that many bytes per batch element (a larger leaf stays alone). ``layout``
     (hashable: a static argument of ``jit``) is the treedef and, per leaf, its array, offset
-    and shape."""
+    and shape. ``xp=jax.numpy`` packs traced arrays inside ``jit`` (a program's outputs, to
+    be unpacked on the host)."""
     leaves, treedef = jax.tree.flatten(tree)
-    leaves = [np.asarray(x) for x in leaves]
+    leaves = [x if xp is not np else np.asarray(x) for x in leaves]
     groups: list[list[np.ndarray]] = []
     sizes: list[int] = []  # elements per batch element
     open_group: dict[str, int] = {}  # dtype -> the group being filled
@@ -52,7 +53,7 @@ def pack(tree, batch_dims: int = 0, max_bytes: int | None = None
         where.append((g, sizes[g], x.shape[batch_dims:]))
         groups[g].append(flat)
         sizes[g] += flat.shape[-1]
-    return (treedef, tuple(where)), tuple(np.concatenate(g, axis=-1) for g in groups)
+    return (treedef, tuple(where)), tuple(xp.concatenate(g, axis=-1) for g in groups)
 
 
 def unpack(layout: tuple, arrays: Sequence):
