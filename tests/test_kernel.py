@@ -203,7 +203,7 @@ def _spoiled(plans, dtype):
     return plans.replace(precision=jnp.asarray(prec.astype(dtype)), tp=jnp.asarray(tp))
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.float32])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])  # int32: the parity test above
 def test_class_counts_equal_row_by_row_physics(dtype):
     """A batch at full resolution, summed by format counts per row class, gives the metrics
     of the row-by-row physics (the single-plan path), hostile plans included: the same
