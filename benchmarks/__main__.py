@@ -57,8 +57,8 @@ def plot(folder: str, out: str | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[tuple[str, int], list[tuple[int, float]]] = {}
-    shape: dict[tuple[str, int], int] = {}
+    series: dict[tuple[str, int, bool], list[tuple[int, float]]] = {}
+    shape: dict[tuple[str, int, bool], int] = {}
     # this run's records, and the committed ones of other platforms (e.g. a GPU run)
     mine = sorted(glob.glob(os.path.join(folder, "evaluate_throughput_*.json")))
     platforms = {os.path.basename(p) for p in mine}
@@ -68,16 +68,17 @@ def plot(folder: str, out: str | None = None) -> str:
         for r in json.load(open(path)):
             if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
                 continue  # the single-call records
-            key = (r["device_kind"], r["layers"])
+            key = (r["device_kind"], r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
     fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=100)
-    for k, ((kind, layers), pts) in enumerate(sorted(series.items())):
+    for k, ((kind, layers, lean), pts) in enumerate(sorted(series.items())):
         pts = sorted(set(pts))
-        label = f"{kind}, {layers} rows/model"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{k}", label=label)
-        limit = hbm_limit(kind, shape[(kind, layers)], layers)
-        if limit:
+        label = f"{kind}, {layers} rows/model" + (", no layer_stability" if lean else "")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{k}", label=label,
+                linestyle=":" if lean else "-")
+        limit = hbm_limit(kind, shape[(kind, layers, lean)], layers)
+        if limit and not lean:
             ax.axhline(limit, linestyle="--", color=f"C{k}", linewidth=1,
                        label=f"HBM limit, {layers} rows ({limit:.2g}/s)")
     ax.set_xscale("log")
