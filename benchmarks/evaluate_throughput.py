@@ -142,7 +142,8 @@ def program_kernels(sc, plan) -> int:
     from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program
 
     layout, args = _packed_scenario(sc)
-    text = _program((), *plan.precision.shape, layout, True).lower(
+    text = _program((), *plan.precision.shape, sc.cluster.gpu_count.shape[-1], layout,
+                    True).lower(
         args, _pack_plan(plan)).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 

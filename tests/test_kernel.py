@@ -17,6 +17,7 @@ from libratio_jax.physics.kernel import (
     evaluate_one,
 )
 from libratio_jax.physics.plan import sample_plans
+from libratio_jax.scenarios.generator import scenario_bank
 from libratio_jax.testing import reference as R
 
 CHECKED = ("memory_bytes", "memory_weights_bytes", "memory_kv_cache_bytes",
@@ -178,6 +179,13 @@ def test_row_classes_partition_the_rows():
             members = grid[m, j][grid[m, j] < sc.num_layers]
             assert np.all(kinds[members] == int(coarse.kind[m, j]))
     assert lj.reference_scenario(block_groups=2).row_classes is None
+    # the grid's shape follows from (M, L): tight scenarios of one L stack into a bank
+    cluster = lj.ClusterSpec.uniform("H100-SXM", 8)
+    one = lj.Scenario.build(cluster, [lj.Tenant("Qwen3-0.6B")], max_tenants=2)
+    two = lj.Scenario.build(cluster, [lj.Tenant("Qwen3-0.6B"), lj.Tenant("Llama-3.1-8B")],
+                            max_tenants=2)
+    assert one.num_layers == two.num_layers
+    assert scenario_bank([one, two]).row_classes.shape[0] == 2
     rows, _ = config_rows("tiny-llama")
     coarse_rows, _ = config_rows("tiny-llama", 1)
     tampered = list(rows)
@@ -186,29 +194,69 @@ def test_row_classes_partition_the_rows():
         row_class_indices(tampered, coarse_rows)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.bool_, np.float32])
+def test_format_counts_equal_a_numpy_count(dtype):
+    """Counts per (tenant, class, format) against a plain NumPy count of the rows; ids out of
+    the domain (negative, >= 12, wrapping to a valid byte, NaN, 2.5) are not counted."""
+    from libratio_jax.physics.rowclasses import format_counts
+
+    sc = _mixed()
+    grid, l = np.asarray(sc.row_classes), sc.num_layers
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 12, size=(5, 4, l)).astype(np.float64)
+    ids[rng.random(ids.shape) < 0.05] = 258  # 2 as a byte
+    ids[rng.random(ids.shape) < 0.05] = -1
+    if dtype == np.float32:
+        ids[rng.random(ids.shape) < 0.05] = np.nan
+        ids[rng.random(ids.shape) < 0.05] = 2.5
+    ids = (ids % 2 == 1) if dtype == np.bool_ else ids.astype(dtype) if dtype != np.uint8 \
+        else np.where(ids < 0, 255, ids % 256).astype(np.uint8)
+    got = np.asarray(jax.jit(format_counts)(grid, ids))
+    want = np.zeros(got.shape)
+    for b, m, j, s in np.ndindex(5, *grid.shape):
+        r = grid[m, j, s]
+        if r < l:
+            v = float(ids[b, m, r])
+            if 0 <= v < 12 and v == int(v):
+                want[b, m, j, int(v)] += 1
+    np.testing.assert_array_equal(got, want)
+
+
 def _spoiled(plans, dtype):
     """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
     mixed in (every fourth plan keeps its values)."""
     prec = np.asarray(plans.precision).astype(np.float64)
     rng = np.random.default_rng(0)
-    bad = rng.choice([-1, 12, 200, 2.5, np.nan], size=prec.shape)
-    spoil = rng.random(prec.shape) < 0.002
+    bad = rng.choice([-1, 12, 258, 2.5, np.nan], size=prec.shape)  # 258 wraps to 2 in a byte
+    spoil = rng.random(prec.shape) < 0.01
     prec = np.where(spoil, bad, prec)
     if np.issubdtype(dtype, np.integer):
         prec = np.where(np.isfinite(prec) & (prec == np.round(prec)), prec, 12)
-        prec = np.where(prec < 0, 255, prec) if dtype == np.uint8 else prec
     prec[::4] = np.asarray(plans.precision)[::4]
     tp = np.asarray(plans.tp).copy()
     tp[1::5, 0] = 3
     return plans.replace(precision=jnp.asarray(prec.astype(dtype)), tp=jnp.asarray(tp))
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, np.float32])  # int32: the parity test above
+# A small MoE model whose dense block 1 splits its blocks into three runs (merged rows of 1
+# and 2 blocks), for a quick full-resolution scenario.
+_TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "vocab_size": 1000, "intermediate_size": 128, "moe_intermediate_size": 32,
+             "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1]}
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
 def test_class_counts_equal_row_by_row_physics(dtype):
     """A batch at full resolution, summed by format counts per row class, gives the metrics
     of the row-by-row physics (the single-plan path), hostile plans included: the same
     tenants are invalid, and nothing else differs beyond float rounding."""
-    sc = _mixed()
+    sc = lj.Scenario.build(
+        lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
+        [lj.Tenant(_TINY_MOE, dict(mode="serve", batch=16, seq_len=1024)),
+         lj.Tenant("tiny-llama", dict(mode="train", batch=8, seq_len=512))],
+        max_tenants=3, max_layers=80)
+    assert sc.row_classes is not None
     plans = _spoiled(sample_plans(sc, 48, seed=6), dtype)
     by_class = jax.jit(kernel.evaluate_batch)(sc, plans)
     by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
@@ -220,6 +268,27 @@ def test_class_counts_equal_row_by_row_physics(dtype):
     assert without.layer_stability is None
     chex.assert_trees_all_close(without.replace(layer_stability=by_class.layer_stability),
                                 by_class, rtol=1e-6)
+    if dtype == np.int32:  # lj.evaluate under the caller's jit: the pure function, same values
+        chex.assert_trees_all_close(jax.jit(lambda p: lj.evaluate(sc, p))(plans), by_class,
+                                    rtol=1e-6)
+
+
+def test_single_host_plans_unpack_by_their_own_layout():
+    """One host plan's packed outputs are unpacked with the layout of its program, whatever
+    scenarios of other pool counts ran before (same tenant and row shapes)."""
+    tenants = [lj.Tenant("Llama-3.2-1B", dict(mode="serve", batch=32, seq_len=4096))]
+    pools = {3: {"H100-SXM": 8, "A100-80GB": 8, "L40S": 4}, 2: {"H100-SXM": 8, "A100-80GB": 8}}
+
+    def fresh(n):  # a new object every time: never packed, one program for both pool counts
+        return lj.Scenario.build(lj.ClusterSpec.mixed(pools[n]), tenants, block_groups=1,
+                                 max_layers=16)
+
+    plan = jax.tree.map(lambda x: np.asarray(x)[0].copy(), sample_plans(fresh(3), 1, seed=0))
+    for n in (3, 2, 3):
+        sc = fresh(n)
+        got = lj.evaluate(sc, plan)
+        assert isinstance(got.gpus_used, np.ndarray)
+        chex.assert_trees_all_close(got, jax.jit(evaluate_one)(sc, plan), rtol=1e-6)
 
 
 def test_absent_tenants_report_zeros():

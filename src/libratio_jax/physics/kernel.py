@@ -209,18 +209,20 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
 
 
 # On CPU a large batch runs in chunks small enough for their intermediates to stay in cache:
-# about this many per-plan entries (tenant slots x rows, or x classes x formats) per chunk.
-# Measured on the 2-core machine (one process, plans/s against the chunk size): 4 x 399 rows
-# 134 k at 512 plans, 104 k at 1,024, 63 k at 4,096; class counts (4 x 16 x 12) 172 k at
-# 512, 78 k at 4,096; merged rows (4 x 16) 0.93 M at 256, 1.1 M at 2,048 and more.
-CPU_CHUNK_ENTRIES = 1 << 19
+# at most about this many per-plan entries (tenant slots x rows, plus tenant slots x classes
+# x formats when summed by class) per chunk. Measured on the 2-core machine (one process,
+# plans/s against the chunk size): 4 x 399 rows 134 k at 512 plans, 104 k at 1,024, 63 k at
+# 4,096; class counts (4 x 16 x 12) 149 k at 256, 172 k at 512, 164 k at 1,024, 78 k at
+# 4,096; merged rows (4 x 16) 0.93 M at 256, 1.1 M at 2,048 and more.
+CPU_CHUNK_ENTRIES = 1 << 20
 CPU_CHUNK = 4096  # at most this many plans per chunk
 
 
 def cpu_chunk(entries_per_plan: int) -> int:
     """Plans per chunk on CPU for plans of ``entries_per_plan`` entries: the power of two
     nearest below ``CPU_CHUNK_ENTRIES / entries_per_plan``, between 256 and ``CPU_CHUNK``
-    (never more than ``CPU_CHUNK``)."""
+    (never more than ``CPU_CHUNK``). Reference scenario: 512 row by row at full resolution,
+    1,024 by class (256 with ``layer_stability``), 4,096 with merged rows."""
     n = max(CPU_CHUNK_ENTRIES // max(entries_per_plan, 1), 1)
     return min(max(1 << (n.bit_length() - 1), 256), CPU_CHUNK)
 
@@ -316,15 +318,16 @@ def _memory_scheduler_available() -> bool:
 
 
 @functools.cache
-def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tuple | None,
-             packed_plan: bool, layer_stability: bool = True):
+def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
+             scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True):
     """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
     the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
     is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
     Packed, a call sends about 15 buffers instead of 75, which is much of what a small call
     pays for its arguments. One host plan on CPU also comes back packed (a few arrays of at
     most ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is unpacked into
-    NumPy views on the host."""
+    NumPy views on the host: the outputs' shapes follow from ``(batch_shape, m, l,
+    n_pools)``, so every trace of the program has the same packed layout."""
     n = math.prod(batch_shape)
     pack_outputs = packed_plan and not batch_shape and jax.default_backend() == "cpu"
     outputs: list = []  # the packed outputs' layout, set when the program is traced
@@ -340,6 +343,8 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, scenario_layout: tupl
         if not pack_outputs:
             return out
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
+        if outputs and outputs[0] != layout:  # (m, l, n_pools) fix the shapes: cannot happen
+            raise RuntimeError("evaluate: a retrace changed the packed outputs' layout")
         outputs[:] = [layout]
         return arrays
 
@@ -461,8 +466,12 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
+    if isinstance(plan.precision, jax.core.Tracer) or isinstance(scenario.present,
+                                                                  jax.core.Tracer):
+        # Inside the caller's jit: the pure function (the caller's program compiles it).
+        return _run(tuple(shape[:-2]), scenario, plan, bool(layer_stability))
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     layout, scenario_args = _scenario_args(scenario)
-    program = _program(tuple(shape[:-2]), *shape[-2:], layout, packed_plan is not None,
-                       bool(layer_stability))
+    program = _program(tuple(shape[:-2]), *shape[-2:], scenario.cluster.gpu_count.shape[-1],
+                       layout, packed_plan is not None, bool(layer_stability))
     return program(scenario_args, plan if packed_plan is None else packed_plan)

@@ -20,7 +20,7 @@ Example:
     >>> import libratio_jax as lj
     >>> sc = lj.reference_scenario()
     >>> sc.row_classes.shape  # [M, classes, slots]: row indices, padding = L
-    (4, 16, 36)
+    (4, 16, 44)
 """
 
 from __future__ import annotations
@@ -82,16 +82,21 @@ def row_class_indices(rows, coarse_rows) -> list[list[int]]:
     return classes
 
 
+# Rows of a model outside its blocks (embedding, final norm, output head) and the fewest rows
+# a block of a supported architecture has (llama-style: 2 norms, q, k, v, o, gate, up, down).
+_OUTSIDE_ROWS, _MIN_BLOCK_ROWS = 3, 9
+
+
 def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: int,
-               num_layers: int, tight: bool = False) -> np.ndarray:
+               num_layers: int) -> np.ndarray:
     """``int32[M, classes, slots]`` row indices of each class's rows, padded with
     ``num_layers`` (a row that holds no format). Absent tenant slots repeat the first
-    model's grid, as their models do. ``slots`` is the largest class (``tight``, for a
-    scenario whose ``L`` is its largest model's rows anyway), else at least ``ceil(L / 9)``:
-    a block has at least 9 rows, so a class of a model of ``L`` rows has at most that many,
-    which keeps the shape a function of the capacity."""
+    model's grid, as their models do. ``slots`` is ``ceil((L - 3) / 9)``, the most blocks a
+    model of at most ``L`` rows can have (so at most that many rows per class), which keeps
+    the shape a function of the capacity: two scenarios of one ``(M, L)`` stack and share
+    one compiled function."""
     most = max((len(c) for classes in per_model for c in classes), default=1)
-    slots = max(most, 1 if tight else -(-num_layers // 9), 1)
+    slots = max(most, -(-(num_layers - _OUTSIDE_ROWS) // _MIN_BLOCK_ROWS), 1)
     grid = np.full((num_tenants, num_classes, slots), num_layers, np.int32)
     for m in range(num_tenants):
         for j, members in enumerate(per_model[m if m < len(per_model) else 0]):
@@ -105,7 +110,7 @@ def format_counts(grid, precision) -> jnp.ndarray:
     values, are not counted (compare the total with the class sizes to flag them)."""
     b, m, l = precision.shape
     p = jnp.asarray(precision)
-    if jnp.issubdtype(p.dtype, jnp.integer):
+    if jnp.issubdtype(p.dtype, jnp.integer) or p.dtype == jnp.bool_:
         ok = (p >= 0) & (p < F.NUM_FORMATS)
     else:
         ok = jnp.isfinite(p) & (p == jnp.round(p)) & (p >= 0) & (p < F.NUM_FORMATS)

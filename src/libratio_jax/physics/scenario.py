@@ -214,8 +214,7 @@ class Scenario:
                     coarse_models=stack(coarse), pending=np.zeros(cap_m, bool))
         if block_groups is None and cap_l > cap_c:
             host["row_classes"] = class_grid(
-                [row_class_indices(b[0], b[4][0]) for b in built], cap_m, cap_c, cap_l,
-                tight=max_layers is None)
+                [row_class_indices(b[0], b[4][0]) for b in built], cap_m, cap_c, cap_l)
         return cls(cluster=cluster, **jax.device_put(host))
 
 

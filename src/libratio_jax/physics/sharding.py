@@ -46,12 +46,13 @@ def batch_mesh(devices=None) -> Mesh:
 
 
 @functools.cache
-def sharded_evaluate_batch(mesh: Mesh):
+def sharded_evaluate_batch(mesh: Mesh, layer_stability: bool = True):
     """The jitted pure function ``(scenario, plans) -> Metrics`` that runs
     :func:`~libratio_jax.physics.kernel.evaluate_batch` on every device of ``mesh`` (the
     scenario replicated, the plans split on the batch axis; place them with
     :func:`shard_plans`). Cached per mesh: use it in loops and benchmarks."""
-    fn = jax.shard_map(evaluate_batch, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS))
+    fn = jax.shard_map(functools.partial(evaluate_batch, layer_stability=layer_stability),
+                       mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS))
     return jax.jit(fn)
 
 
@@ -71,9 +72,10 @@ def shard_plans(plan: Plan, mesh: Mesh) -> tuple[Plan, int]:
 
 
 def evaluate_sharded(scenario: Scenario, plan: Plan, *, mesh: Mesh | None = None,
-                     validate: bool = True) -> Metrics:
+                     validate: bool = True, layer_stability: bool = True) -> Metrics:
     """:func:`~libratio_jax.evaluate` of plans ``[B, ...]`` split over the devices of ``mesh``
-    (default: :func:`batch_mesh` of every local device). Same values as ``lj.evaluate``."""
+    (default: :func:`batch_mesh` of every local device). Same values as ``lj.evaluate``
+    (``layer_stability`` as there)."""
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
     if not isinstance(plan, Plan):
@@ -86,5 +88,5 @@ def evaluate_sharded(scenario: Scenario, plan: Plan, *, mesh: Mesh | None = None
     mesh = batch_mesh() if mesh is None else mesh
     plans, b = shard_plans(plan, mesh)
     scenario = jax.device_put(scenario, NamedSharding(mesh, P()))
-    out = sharded_evaluate_batch(mesh)(scenario, plans)
+    out = sharded_evaluate_batch(mesh, bool(layer_stability))(scenario, plans)
     return out if out.fits.shape[0] == b else jax.tree.map(lambda x: x[:b], out)
