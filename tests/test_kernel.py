@@ -42,7 +42,7 @@ def _scenarios():
     return [lj.reference_scenario(), lj.reference_scenario(block_groups=3), _mixed()]
 
 
-@pytest.mark.parametrize("idx,n", [(0, 400), (1, 300), (2, 300)])
+@pytest.mark.parametrize("idx,n", [(0, 200), (1, 150), (2, 150)])
 def test_parity_with_python_reference(idx, n):
     sc = _scenarios()[idx]
     plans = sample_plans(sc, n, seed=idx, per_layer=(idx != 1))
@@ -246,7 +246,7 @@ _TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 
              "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1]}
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("dtype", [np.int32])  # float ids: test_format_counts_equal_a_numpy_count
 def test_class_counts_equal_row_by_row_physics(dtype):
     """A batch at full resolution, summed by format counts per row class, gives the metrics
     of the row-by-row physics (the single-plan path), hostile plans included: the same
@@ -284,11 +284,13 @@ def test_single_host_plans_unpack_by_their_own_layout():
                                  max_layers=16)
 
     plan = jax.tree.map(lambda x: np.asarray(x)[0].copy(), sample_plans(fresh(3), 1, seed=0))
-    for n in (3, 2, 3):
-        sc = fresh(n)
-        got = lj.evaluate(sc, plan)
-        assert isinstance(got.gpus_used, np.ndarray)
-        chex.assert_trees_all_close(got, jax.jit(evaluate_one)(sc, plan), rtol=1e-6)
+    first = {}
+    for n in (3, 2, 3, 2):
+        got = lj.evaluate(fresh(n), plan)
+        assert isinstance(got.gpus_used, np.ndarray) and got.gpus_used.shape == (n,)
+        want = np.bincount(plan.pool[:1], weights=plan.gpus[:1], minlength=n)
+        np.testing.assert_array_equal(got.gpus_used, want)
+        chex.assert_trees_all_equal(got, first.setdefault(n, got))
 
 
 def test_absent_tenants_report_zeros():
