@@ -273,9 +273,19 @@ def test_class_counts_equal_row_by_row_physics(dtype):
                                     rtol=1e-6)
 
 
-def test_single_host_plans_unpack_by_their_own_layout():
-    """One host plan's packed outputs are unpacked with the layout of its program, whatever
-    scenarios of other pool counts ran before (same tenant and row shapes)."""
+def test_single_host_plans_unpack_by_their_own_layout(monkeypatch):
+    """One host plan's packed outputs (inline dispatch; forced here, the backend is up) are
+    unpacked with the layout of its program, whatever scenarios of other pool counts ran
+    before (same tenant and row shapes)."""
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
+    kernel._program.cache_clear()
+    try:
+        _check_layouts()
+    finally:
+        kernel._program.cache_clear()  # programs made while forced: gone
+
+
+def _check_layouts():
     tenants = [lj.Tenant("Llama-3.2-1B", dict(mode="serve", batch=32, seq_len=4096))]
     pools = {3: {"H100-SXM": 8, "A100-80GB": 8, "L40S": 4}, 2: {"H100-SXM": 8, "A100-80GB": 8}}
 

@@ -317,6 +317,11 @@ def _memory_scheduler_available() -> bool:
     return True
 
 
+def _inline_dispatch() -> bool:
+    """Whether this process runs CPU computations inline (:func:`inline_cpu_dispatch`)."""
+    return not jax.config.read("jax_cpu_enable_async_dispatch")
+
+
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
              scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True):
@@ -324,12 +329,17 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
     is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
     Packed, a call sends about 15 buffers instead of 75, which is much of what a small call
-    pays for its arguments. One host plan on CPU also comes back packed (a few arrays of at
-    most ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is unpacked into
-    NumPy views on the host: the outputs' shapes follow from ``(batch_shape, m, l,
-    n_pools)``, so every trace of the program has the same packed layout."""
+    pays for its arguments. With inline CPU dispatch (:func:`inline_cpu_dispatch`), one host
+    plan also comes back packed (a few arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead
+    of 29, about 1 µs each) and is unpacked into NumPy views on the host: the outputs'
+    shapes follow from ``(batch_shape, m, l, n_pools)``, so every trace of the program has
+    the same packed layout."""
     n = math.prod(batch_shape)
-    pack_outputs = packed_plan and not batch_shape and jax.default_backend() == "cpu"
+    # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
+    # np.asarray waits and copies: 176-188 -> 196-210 µs, measured alternately; inline
+    # 108-110 -> 96-107 µs).
+    pack_outputs = (packed_plan and not batch_shape and jax.default_backend() == "cpu"
+                    and _inline_dispatch())
     outputs: list = []  # the packed outputs' layout, set when the program is traced
 
     def run(scenario, plan):
