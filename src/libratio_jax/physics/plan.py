@@ -555,18 +555,17 @@ def sanitize_fields(scenario, plan: Plan, precision_ok) -> tuple[dict, jnp.ndarr
     read (the class-count path checks the formats while counting them)."""
     idle = Plan.idle(scenario.num_tenants, 1)
     n_pools = scenario.cluster.gpu_count.shape[-1]
-    integral = _integral
     ok = precision_ok
     big = INT_LIMIT
     fields = {}
     for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
                          ("kv_precision", 0, F.NUM_FORMATS - 1), ("pool", 0, n_pools - 1)):
-        fields[name], ok_f = integral(getattr(plan, name), lo, hi)
+        fields[name], ok_f = _integral(getattr(plan, name), lo, hi)
         ok = ok & ok_f
     has_gpus = fields["gpus"] > 0
     degrees_ok = jnp.bool_(True)
     for name in ("tp", "pp", "micro_batch"):  # only used (and checked) when it has GPUs
-        value, ok_f = integral(getattr(plan, name), 1, big)
+        value, ok_f = _integral(getattr(plan, name), 1, big)
         fields[name] = jnp.maximum(value, 1)
         degrees_ok = degrees_ok & ok_f
     models = scenario.models
