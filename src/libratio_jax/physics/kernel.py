@@ -34,6 +34,7 @@ from libratio_jax.physics.plan import (
     Plan,
     sanitize_fields,
     sanitize_plan,
+    sanitize_precision,
     validate_plan,
 )
 from libratio_jax.physics.rowclasses import class_model, format_counts
@@ -202,7 +203,7 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
                             None, fields, valid)
     per_row = None
     if layer_stability:
-        prec = sanitize_plan(scenario, plan)[0].precision
+        prec = sanitize_precision(plan.precision, valid & scenario.present)
         per_row = jax.vmap(stability.layer_stability)(models, scenario.workloads.mode, prec)
         per_row = jnp.where(scenario.present[:, None], per_row, 1.0)
     return out.replace(layer_stability=per_row)

@@ -534,6 +534,12 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     return safe, valid
 
 
+def sanitize_precision(precision, keep) -> jnp.ndarray:
+    """The row formats of :func:`sanitize_plan`'s safe plan (``int32[M, L]``, BF16 rows for
+    every tenant not in ``keep[M]``), for a caller that has the tenants' verdict already."""
+    return jnp.where(keep[:, None], _integral(precision, 0, F.NUM_FORMATS - 1)[0], F.BF16)
+
+
 def _integral(x, lo, hi):
     """``(int32 values, in-domain mask)``: finite integers in ``[lo, hi]`` kept, others
     ``lo``."""
