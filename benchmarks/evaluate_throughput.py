@@ -90,15 +90,19 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
             }
             print(json.dumps(rec), flush=True)
             out.append(rec)
-    trials = {False: [], True: []}
-    for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
+    # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
+    # format) pairs: evaluated by its rows) and one with a format per layer kind, as a text
+    # plan gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries).
+    for per_row in modes:
+        trials = {False: [], True: []}
+        for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
+            for inline in (False, True):
+                trials[inline].append(single_call(block_groups, repeats, inline, per_row))
         for inline in (False, True):
-            trials[inline].append(single_call(block_groups, repeats, inline))
-    for inline in (False, True):
-        rec = min(trials[inline], key=lambda r: r["call_microseconds"])
-        rec["processes"] = SINGLE_CALL_TRIALS
-        print(json.dumps(rec), flush=True)
-        out.append(rec)
+            rec = min(trials[inline], key=lambda r: r["call_microseconds"])
+            rec["processes"] = SINGLE_CALL_TRIALS
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
 
 
 # Fresh processes per dispatch mode; the fastest is reported (this shared machine's speed
@@ -106,22 +110,26 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
 SINGLE_CALL_TRIALS = 3
 
 
-def single_call(block_groups, repeats: int, inline: bool) -> dict:
+def single_call(block_groups, repeats: int, inline: bool, per_row: bool = True) -> dict:
     """``evaluate_single_call`` of one resolution, measured in a fresh process (JAX reads the
     dispatch mode when its backend starts): with JAX's default asynchronous CPU dispatch, or
-    ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses)."""
+    ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses); on a plan with a
+    format drawn per row (``per_row``) or per layer kind."""
     cmd = [sys.executable, os.path.abspath(__file__), "--single-call", str(block_groups or 0),
-           "--repeats", str(repeats)] + (["--inline"] if inline else [])
+           "--repeats", str(repeats)] + (["--inline"] if inline else []) + (
+               [] if per_row else ["--per-kind"])
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _single_call_here(block_groups, repeats: int, inline: bool) -> dict:
+def _single_call_here(block_groups, repeats: int, inline: bool, per_row: bool) -> dict:
     if inline:
         lj.inline_cpu_dispatch()
     sc = lj.reference_scenario(block_groups=block_groups)
-    one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(sc, 1, seed=0))
-    jax.block_until_ready(lj.evaluate(sc, one))
+    one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(sc, 1, seed=0,
+                                                                per_layer=per_row))
+    for _ in range(2):  # the scenario travels packed from its second call on
+        jax.block_until_ready(lj.evaluate(sc, one))
     rounds = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -131,6 +139,7 @@ def _single_call_here(block_groups, repeats: int, inline: bool) -> dict:
     return {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
             "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
             "block_groups": block_groups, "dispatch": "inline" if inline else "async",
+            "formats": "per row" if per_row else "per layer kind",
             "call_microseconds": round(1e6 * float(np.median(rounds)), 1),
             "program_kernels": program_kernels(sc, one)}
 
@@ -139,12 +148,18 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program
+    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program, entry_capacity
+    from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     layout, args = _packed_scenario(sc)
-    text = _program((), *plan.precision.shape, sc.cluster.gpu_count.shape[-1], layout,
-                    True).lower(
-        args, _pack_plan(plan)).compile().as_text()
+    m, l = plan.precision.shape
+    capacity = entry_capacity(m)
+    compact = (None if sc.row_classes is None else
+               compact_entries(row_pairs(sc.row_classes, l), plan.precision, capacity))
+    program = _program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
+                       0 if compact is None else capacity)
+    packed = _pack_plan(plan, None if compact is None else compact[0])
+    text = program.lower(args, packed).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 
 
@@ -158,11 +173,12 @@ def main(argv=None) -> None:
     ap.add_argument("--reference-plans", type=int, default=50)
     ap.add_argument("--single-call", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--per-kind", action="store_true", help=argparse.SUPPRESS)
     add_output_args(ap)
     args = ap.parse_args(argv)
     if args.single_call is not None:  # the child process of single_call
         print(json.dumps(_single_call_here(args.single_call or None, args.repeats,
-                                           args.inline)))
+                                           args.inline, not args.per_kind)))
         return
     records: list = []
     for g in args.block_groups:

@@ -101,11 +101,11 @@ def evaluate_throughput() -> str:
 
 
 def evaluate_single_call() -> str:
-    rows = [(_device(r), r["layers"], r.get("dispatch", "async"),
+    rows = [(_device(r), r["layers"], r.get("formats", "per row"), r.get("dispatch", "async"),
              f"{r['call_microseconds']:.0f} µs", r.get("program_kernels", ""))
             for r in _load(BENCH, "evaluate_throughput_cpu.json") or []
             if r.get("benchmark") == "evaluate_single_call"]
-    return _table(("device", "rows per model (L)", "CPU dispatch",
+    return _table(("device", "rows per model (L)", "plan's formats", "CPU dispatch",
                    "one `lj.evaluate` call, one plan", "kernels in its program"), rows)
 
 

@@ -254,11 +254,7 @@ def test_class_counts_equal_row_by_row_physics(dtype):
     """A batch at full resolution, summed by format counts per row class, gives the metrics
     of the row-by-row physics (the single-plan path), hostile plans included: the same
     tenants are invalid, and nothing else differs beyond float rounding."""
-    sc = lj.Scenario.build(
-        lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
-        [lj.Tenant(_TINY_MOE, dict(mode="serve", batch=16, seq_len=1024)),
-         lj.Tenant("tiny-llama", dict(mode="train", batch=8, seq_len=512))],
-        max_tenants=3, max_layers=80)
+    sc = _tiny_full_resolution()
     assert sc.row_classes is not None
     plans = _spoiled(sample_plans(sc, 48, seed=6), dtype)
     # lj.evaluate under the caller's jit: the pure function (by row class here)
@@ -272,6 +268,44 @@ def test_class_counts_equal_row_by_row_physics(dtype):
     assert without.layer_stability is None
     chex.assert_trees_all_close(without.replace(layer_stability=by_class.layer_stability),
                                 by_class, rtol=1e-6)
+
+
+def _tiny_full_resolution(first=_TINY_MOE):
+    return lj.Scenario.build(
+        lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
+        [lj.Tenant(first, dict(mode="serve", batch=16, seq_len=1024)),
+         lj.Tenant("tiny-llama", dict(mode="train", batch=8, seq_len=512))],
+        max_tenants=3, max_layers=80)
+
+
+def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
+    """With inline CPU dispatch, one validated host plan at full resolution (from the
+    scenario's second call on) is evaluated by its (class, format) entries, with
+    ``layer_stability`` spread back over the rows: the metrics equal the rows' physics. A
+    plan whose tenant uses more pairs than fit (34 per tenant here) is evaluated by its rows."""
+    # inline dispatch, forced (the backend is up): programs made while forced are dropped
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    taken = []
+    compact = kernel.compact_entries
+    monkeypatch.setattr(kernel, "compact_entries",
+                        lambda *a: taken.append(compact(*a)) or taken[-1])
+    sc = _tiny_full_resolution("tiny-llama")  # 39 rows in 12 classes per tenant
+    prec = np.array(sample_plans(sc, 3, seed=4, per_layer=False).precision)  # 12 pairs each
+    prec[1, 0, 5:9] = [0, 4, 7, 11]  # a few rows of one tenant in other formats: 16 pairs
+    prec[2, 1] = np.arange(80) % 12  # every row of a class in another format: 39 pairs
+    plans = jax.tree.map(np.asarray, sample_plans(sc, 3, seed=4).replace(precision=prec))
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+    for k in range(3):
+        got = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans))
+        assert isinstance(got.layer_stability, np.ndarray)
+        chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
+                                    rtol=1e-5, atol=1e-6)
+    assert [t is not None for t in taken] == [True, True, False]
+    entries = taken[1][0]
+    assert (entries != 0).sum(axis=1)[0] == (entries != 0).sum(axis=1)[1] + 4  # 4 more pairs
 
 
 def test_single_host_plans_unpack_by_their_own_layout(monkeypatch):

@@ -37,7 +37,14 @@ from libratio_jax.physics.plan import (
     sanitize_precision,
     validate_plan,
 )
-from libratio_jax.physics.rowclasses import class_model, format_counts
+from libratio_jax.physics.rowclasses import (
+    ENTRY_SHIFT,
+    class_model,
+    compact_entries,
+    entry_model,
+    format_counts,
+    row_pairs,
+)
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
 from libratio_jax.physics.throughput import tenant_step_time
@@ -209,6 +216,22 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
     return out.replace(layer_stability=per_row)
 
 
+def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
+    """:func:`evaluate_one` of one plan whose row formats are given as its (class, format)
+    pairs, ``entries`` int32 ``[M, K]`` (:func:`~libratio_jax.physics.rowclasses.
+    compact_entries`), on a full-resolution scenario: the physics of the class path on just
+    the pairs the plan uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path
+    for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (spread it over the rows
+    with the entries' ``slot``); ``plan.precision`` is not read."""
+    code = entries >> ENTRY_SHIFT
+    counts = (entries & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32)
+    coarse = scenario.coarse_models
+    rows = jnp.sum(jnp.where(coarse.valid, coarse.count, 0.0), axis=-1)
+    fields, valid = sanitize_fields(scenario, plan, jnp.sum(counts, axis=-1) == rows)
+    models = entry_model(coarse, code // F.NUM_FORMATS, counts)
+    return _evaluate_tenants(scenario, models, code % F.NUM_FORMATS, 0, fields, valid)
+
+
 # On CPU a large batch runs in chunks small enough for their intermediates to stay in cache:
 # at most about this many per-plan entries (tenant slots x rows, plus tenant slots x classes
 # x formats when summed by class) per chunk. Measured on the 2-core machine (one process,
@@ -325,7 +348,8 @@ def _inline_dispatch() -> bool:
 
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
-             scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True):
+             scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True,
+             entry_capacity: int = 0):
     """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
     the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
     is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
@@ -334,7 +358,8 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     plan also comes back packed (a few arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead
     of 29, about 1 µs each) and is unpacked into NumPy views on the host: the outputs'
     shapes follow from ``(batch_shape, m, l, n_pools)``, so every trace of the program has
-    the same packed layout."""
+    the same packed layout. ``entry_capacity``: one packed plan whose formats are its
+    ``[m, entry_capacity]`` entries (:func:`evaluate_entries`) in place of its rows."""
     n = math.prod(batch_shape)
     # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
     # np.asarray waits and copies: 176-188 -> 196-210 µs, measured alternately; inline
@@ -347,10 +372,15 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         if scenario_layout is not None:
             scenario = unpack(scenario_layout, scenario)
         if packed_plan:
-            ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
-            plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
+            rows = entry_capacity or l
+            ints = plan[n * m * rows:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
+            plan = Plan(precision=plan[:n * m * rows].reshape(batch_shape + (m, rows)),
                         **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
-        out = _run(batch_shape, scenario, plan, layer_stability)
+        if entry_capacity:
+            out = evaluate_entries(scenario, plan, plan.precision)
+            out = out if layer_stability else out.replace(layer_stability=None)
+        else:
+            out = _run(batch_shape, scenario, plan, layer_stability)
         if not pack_outputs:
             return out
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
@@ -377,7 +407,8 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 # which costs a small program more than it saves on two cores (docs/performance.md). A packed
 # scenario keeps to it.
 SEQUENTIAL_BUFFER_BYTES = 512
-_SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | args)
+_SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | args[,
+#                            rowclasses.row_pairs, None if coarse])
 
 
 def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
@@ -394,7 +425,9 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             return kept[1]
         args = _packed_scenario(scenario)
         if args is not None:
-            _SCENARIO_ARGS[key] = (kept[0], args)
+            grid = scenario.row_classes
+            _SCENARIO_ARGS[key] = (kept[0], args, None if grid is None else
+                                   row_pairs(grid, scenario.num_layers))
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
@@ -422,11 +455,12 @@ def _packed_scenario(scenario: Scenario) -> tuple[tuple, tuple] | None:
     return layout, tuple(jax.device_put(arrays, devices.pop() if devices else None))
 
 
-def _pack_plan(plan: Plan) -> np.ndarray | None:
-    """The plan's host arrays as one int32 vector (the precision ``[..., M, L]``, then the
-    integer fields ``[8, ..., M]``, each flattened), or ``None`` when a field is not a NumPy
-    array (device arrays stay where they are)."""
-    leaves = [plan.precision] + [getattr(plan, f) for f in INT_FIELDS]
+def _pack_plan(plan: Plan, formats: np.ndarray | None = None) -> np.ndarray | None:
+    """The plan's host arrays as one int32 vector (the precision ``[..., M, L]``, or
+    ``formats`` in its place, then the integer fields ``[8, ..., M]``, each flattened), or
+    ``None`` when a field is not a NumPy array (device arrays stay where they are)."""
+    leaves = [plan.precision if formats is None else formats] + [getattr(plan, f)
+                                                                 for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in leaves):
         return None
     return np.concatenate([x.ravel() for x in leaves], dtype=np.int32, casting="unsafe")
@@ -481,8 +515,58 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
                                                                   jax.core.Tracer):
         # Inside the caller's jit: the pure function (the caller's program compiles it).
         return _run(tuple(shape[:-2]), scenario, plan, bool(layer_stability))
-    packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     layout, scenario_args = _scenario_args(scenario)
-    program = _program(tuple(shape[:-2]), *shape[-2:], scenario.cluster.gpu_count.shape[-1],
-                       layout, packed_plan is not None, bool(layer_stability))
+    n_pools = scenario.cluster.gpu_count.shape[-1]
+    if (validate and len(shape) == 2 and layout is not None
+            and jax.default_backend() == "cpu" and _inline_dispatch()):
+        out = _evaluate_by_entries(scenario, plan, scenario_args, n_pools, bool(layer_stability))
+        if out is not None:
+            return out
+    packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
+    program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
+                       bool(layer_stability))
     return program(scenario_args, plan if packed_plan is None else packed_plan)
+
+
+def entry_capacity(num_tenants: int) -> int:
+    """Entries per tenant of one host plan evaluated by its (class, format) pairs: as many
+    int32 as fit beside the plan's integer fields in ``SEQUENTIAL_BUFFER_BYTES`` (24 for 4
+    tenants)."""
+    return SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants - len(INT_FIELDS)
+
+
+def _evaluate_by_entries(scenario: Scenario, plan: Plan, scenario_args, n_pools: int,
+                         layer_stability: bool) -> Metrics | None:
+    """One validated host plan on a packed full-resolution scenario, with inline CPU
+    dispatch, by its (class, format) entries (:func:`evaluate_entries`): a program of
+    buffers of at most ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially, like a
+    coarse plan's, rather than the rows' program, which it runs concurrently
+    (docs/performance.md; measured on 2 cores, a plan with a format per layer kind: ~150-180
+    against ~270-295 µs a call; with asynchronous dispatch it gained nothing, since the
+    host must wait for the result to spread ``layer_stability``). ``None`` (the
+    caller evaluates the rows) when the scenario is coarse, the plan is not all NumPy, a
+    tenant uses more pairs than fit beside the plan's fields in one such buffer (e.g. formats
+    drawn per row at random), or the sanitizer refuses a tenant (the rows' program says what
+    its rows score)."""
+    kept = _SCENARIO_ARGS[id(scenario)]
+    pairs = kept[2]
+    if pairs is None or type(plan.precision) is not np.ndarray:
+        return None
+    m, l = pairs.base.shape
+    capacity = entry_capacity(m)
+    compact = compact_entries(pairs, plan.precision, capacity) if capacity > 0 else None
+    packed = None if compact is None else _pack_plan(plan, compact[0])
+    if packed is None:
+        return None
+    program = _program((), m, l, n_pools, kept[1][0], True, layer_stability, capacity)
+    out = program(scenario_args, packed)
+    if not np.all(out.plan_valid):
+        return None
+    if layer_stability:  # spread over the rows (rows of no class: 1)
+        per_entry = np.asarray(out.layer_stability)
+        rows = np.concatenate([per_entry, np.ones((m, 1), per_entry.dtype)], axis=1).take(
+            compact[1] + (capacity + 1) * np.arange(m)[:, None])
+        # ``out`` (NumPy views, packed outputs) was made by this call: set in place
+        # (``replace`` costs ~6 µs)
+        object.__setattr__(out, "layer_stability", rows)
+    return out

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -135,12 +136,82 @@ def class_model(coarse, counts):
     class ``j`` in format ``f`` (extensive fields scaled by ``counts / count``, ``count`` set to
     the counts, intensive fields ``[C, 1]``); evaluate it with ``precision =
     formats.FORMAT_AXIS``."""
-    scale = counts / jnp.maximum(coarse.count, 1.0)[:, None]
-    col = lambda x: x[:, None]  # noqa: E731
+    return _scaled_rows(coarse, lambda x: x[:, None], counts)
+
+
+def entry_model(coarse, classes, counts):
+    """The pseudo-rows of a plan's entries (:func:`compact_entries`), all tenants at once:
+    row ``[m, k]`` stands for the ``counts[m, k]`` rows of tenant ``m``'s class
+    ``classes[m, k]`` (``[M, K]`` each; a row of count 0 is padding), of the merged rows
+    ``coarse`` (``[M, C]``); evaluate it with the entries' formats as its precision. (One
+    flat gather: a batched one would index with an ``[M, K, 2]`` array, over the 512 bytes
+    that keep XLA's CPU runtime sequential.)"""
+    m, c = coarse.kind.shape
+    flat = classes + c * jnp.arange(m, dtype=classes.dtype)[:, None]
+    return _scaled_rows(coarse, lambda x: x.reshape(-1)[flat], counts)
+
+
+def _scaled_rows(coarse, pick, counts):
+    """The merged rows ``pick``-ed to the shape of ``counts``, each standing for ``counts``
+    rows of its class: extensive fields scaled by ``counts / count``."""
+    scale = counts / jnp.maximum(pick(coarse.count), 1.0)
     return coarse.replace(
-        kind=col(coarse.kind), in_dim=col(coarse.in_dim), out_dim=col(coarse.out_dim),
-        block=col(coarse.block),
-        params=col(coarse.params) * scale, flops_per_token=col(coarse.flops_per_token) * scale,
-        gemm_instances=col(coarse.gemm_instances) * scale,
-        act_bytes_per_token=col(coarse.act_bytes_per_token) * scale, count=counts,
-        valid=col(coarse.valid) & (counts > 0))
+        kind=pick(coarse.kind), in_dim=pick(coarse.in_dim), out_dim=pick(coarse.out_dim),
+        block=pick(coarse.block),
+        params=pick(coarse.params) * scale, flops_per_token=pick(coarse.flops_per_token) * scale,
+        gemm_instances=pick(coarse.gemm_instances) * scale,
+        act_bytes_per_token=pick(coarse.act_bytes_per_token) * scale, count=counts,
+        valid=pick(coarse.valid) & (counts > 0))
+
+
+# One host plan, compacted (``lj.evaluate``'s single-plan path at full resolution): a
+# tenant's formats as the (class, format) pairs its rows use, one int32 entry per pair,
+# ``(class * F + format) << ENTRY_SHIFT | rows``; padding entries are 0 (no rows).
+ENTRY_SHIFT = 16
+
+
+class RowPairs(NamedTuple):
+    """Host tables of a full-resolution scenario for :func:`compact_entries` (numbering each
+    tenant's (class, format) pairs ``m * width + class * F + format``, with one more class,
+    ``classes``, for the rows of no class)."""
+
+    base: np.ndarray  # int32[M, L]: the pair number of each row in format 0
+    real: np.ndarray  # bool[M * width]: the pair is of a class (not of the padding rows)
+    width: int  # pair numbers per tenant: (classes + 1) * F
+
+
+def row_pairs(grid, num_layers: int) -> RowPairs:
+    """:class:`RowPairs` of :func:`class_grid`'s ``grid`` (``[M, classes, slots]``)."""
+    grid = np.asarray(grid)
+    m, c, _ = grid.shape
+    row_class = np.full((m, num_layers + 1), c, np.int32)
+    row_class[np.arange(m)[:, None, None], grid] = np.arange(c, dtype=np.int32)[None, :, None]
+    width = (c + 1) * F.NUM_FORMATS
+    base = row_class[:, :num_layers] * F.NUM_FORMATS + width * np.arange(m, dtype=np.int32)[:, None]
+    real = np.tile(np.arange(width) < c * F.NUM_FORMATS, m)
+    return RowPairs(base, real, width)
+
+
+def compact_entries(pairs: RowPairs, precision, capacity: int):
+    """One plan's formats ``precision`` (host ``[M, L]`` ids in ``[0, F)``) as ``(entries
+    int32[M, capacity], slot int[M, L])``: each tenant's (class, format) pairs with their row
+    counts (``ENTRY_SHIFT``), and the entry of each row (``capacity`` for rows of no class),
+    to spread per-entry values back over the rows; ``None`` when a tenant uses more than
+    ``capacity`` pairs. ``pairs``: :func:`row_pairs` of the scenario."""
+    m, l = pairs.base.shape
+    if l >= 1 << ENTRY_SHIFT:
+        return None
+    code = pairs.base + precision.astype(np.int32, copy=False)  # [M, L] pair numbers
+    counts = np.bincount(code.ravel(), minlength=m * pairs.width)
+    pair = np.flatnonzero((counts > 0) & pairs.real)  # the used pairs, tenant by tenant
+    tenant = pair // pairs.width
+    per_tenant = np.bincount(tenant, minlength=m)
+    if per_tenant.max(initial=0) > capacity:
+        return None
+    rank = np.arange(pair.size) - (np.cumsum(per_tenant) - per_tenant)[tenant]
+    entries = np.zeros(m * capacity, np.int32)
+    entries[tenant * capacity + rank] = (((pair - tenant * pairs.width) << ENTRY_SHIFT)
+                                         | counts[pair])
+    table = np.full(m * pairs.width, capacity, np.int32)
+    table[pair] = rank
+    return entries.reshape(m, capacity), table.take(code)
