@@ -148,14 +148,16 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program, entry_capacity
+    from libratio_jax.physics import kernel
+    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     layout, args = _packed_scenario(sc)
     m, l = plan.precision.shape
-    capacity = entry_capacity(m)
-    compact = (None if sc.row_classes is None else
-               compact_entries(row_pairs(sc.row_classes, l), plan.precision, capacity))
+    capacity = kernel.entry_capacity(m)
+    by_pairs = sc.row_classes is not None and kernel._inline_dispatch()  # as lj.evaluate
+    compact = (compact_entries(row_pairs(sc.row_classes, l), plan.precision, capacity)
+               if by_pairs else None)
     program = _program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
                        0 if compact is None else capacity)
     packed = _pack_plan(plan, None if compact is None else compact[0])
