@@ -210,8 +210,13 @@ def main(argv=None) -> dict:
     num_pools = train_bank.cluster.gpu_count.shape[-1]
     policy = Policy(num_pools=num_pools, hidden=args.hidden)
     key = jax.random.PRNGKey(args.seed)
-    first = jax.tree.map(lambda x: x[0], train_bank)
-    params = policy.init(key, tenant_features(first), first.present)
+
+    @jax.jit  # (one program; eager, the features and the init run op by op)
+    def init(key, bank):
+        first = jax.tree.map(lambda x: x[0], bank)
+        return policy.init(key, tenant_features(first), first.present)
+
+    params = init(key, train_bank)
     # The learning rate follows a cosine from --lr to --lr/10 over the wall-clock budget (set
     # between jitted chunks: a traced value, so no recompilation; Loshchilov & Hutter 2017).
     optimizer = optax.inject_hyperparams(

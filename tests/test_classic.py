@@ -178,7 +178,7 @@ def test_batched_rollout_finite():
     env, params = lj.make("Classic-FleetResource-v0")
     n = 256
     keys = jax.random.split(jax.random.PRNGKey(1), n)
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+    _, state = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(keys, params)
     act = C.ResourceAction(
         gpus=jax.random.randint(keys[0], (n, C.MODEL_CAPACITY), 0, 9),
         listed=jnp.ones((n, C.MODEL_CAPACITY), bool),

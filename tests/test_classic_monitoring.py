@@ -49,11 +49,11 @@ _ENVS = {}
 
 def _play(env_name, scenario_id, actions_json, data):
     """Scores and ends of the JAX env, one jitted step at a time, from the scenario's start
-    (one env and one compiled step per task; params cut to the episode's scenario)."""
+    (one env, one compiled reset and step per task; params cut to the episode's scenario)."""
     if env_name not in _ENVS:
         env, params = lj.make(env_name)
-        _ENVS[env_name] = env, params, jax.jit(env.step)
-    env, params, step = _ENVS[env_name]
+        _ENVS[env_name] = env, params, jax.jit(env.reset), jax.jit(env.step)
+    env, params, reset, step = _ENVS[env_name]
     sid = scenario_id.removeprefix("recovery_")
     s = env.scenario_names.index(sid)
     params = jax.tree.map(lambda x: x[s:s + 1], params).replace(
@@ -61,7 +61,7 @@ def _play(env_name, scenario_id, actions_json, data):
     sc = data["oversight_scenarios"][sid]
     convert = (C.oversight_action_from_json if env_name == TASK_ENVS["fleet_oversight"]
                else C.recovery_action_from_json)
-    _, state = env.reset(jax.random.PRNGKey(0), params)
+    _, state = reset(jax.random.PRNGKey(0), params)
     out = []
     for a in actions_json:
         _, state, reward, terminated, _, info = step(jax.random.PRNGKey(1), state,
@@ -185,14 +185,14 @@ def test_array_actions_mean_their_json_form(task):
     rng = np.random.default_rng(1)
     everything = C.monitoring_scenarios()["oversight_scenarios"]
     env, params = lj.make(TASK_ENVS[task])
-    step = jax.jit(env.step)
+    reset, step = jax.jit(env.reset), jax.jit(env.step)  # (eager = jit: test_env_api.py)
     for s, name in enumerate(env.scenario_names):
         p = jax.tree.map(lambda x, s=s: x[s:s + 1], params).replace(
             scenario_weights=jax.numpy.ones(1))
         sc = everything[name]
         py = (MR.OversightTask(sc) if task == "fleet_oversight" else MR.RecoveryTask(
             sc, C.monitoring_scenarios()["fleet_scenarios"][sc["fleet_id"]]))
-        _, state = env.reset(jax.random.PRNGKey(0), p)
+        _, state = reset(jax.random.PRNGKey(0), p)
         for _ in range(12):
             a = _random_arrays(task, rng)
             to_json = (C.oversight_action_to_json if task == "fleet_oversight"

@@ -88,9 +88,10 @@ def test_no_retrace_across_scenarios(env_params):
     def step(key, state, action, params):
         return env.step(key, state, action, params)
 
+    reset, sample = jax.jit(env.reset), jax.jit(env.sample_action)  # (eager = jit)
     for p in (params, other):
-        obs, state = env.reset(jax.random.PRNGKey(2), p)
-        step(jax.random.PRNGKey(3), state, env.sample_action(jax.random.PRNGKey(4), state), p)
+        obs, state = reset(jax.random.PRNGKey(2), p)
+        step(jax.random.PRNGKey(3), state, sample(jax.random.PRNGKey(4), state), p)
     chex.clear_trace_counter()
 
 
@@ -177,7 +178,7 @@ def test_difference_rewards_equal_brute_force(hard_env):
     env, params = hard_env
     rp = params.reward
     keys = jax.random.split(jax.random.PRNGKey(11), 16)
-    _, states = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+    _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(keys, params)  # (eager = jit)
     greedy = jax.jit(policies.greedy_plan)
     sample = jax.jit(env.sample_action)
     diff = jax.jit(difference.difference_rewards)
@@ -215,7 +216,7 @@ def test_auto_reset_keeps_final_observation(env_params):
     wrapped = AutoResetWrapper(env)
     step = jax.jit(wrapped.step)  # (eager = jit: tests/test_env_api.py)
     obs, state = jax.jit(wrapped.reset)(jax.random.PRNGKey(0), short)
-    action = env.sample_action(jax.random.PRNGKey(1), state)
+    action = jax.jit(env.sample_action)(jax.random.PRNGKey(1), state)
     obs1, state1, _, _, trunc1, info1 = step(jax.random.PRNGKey(2), state, action, short)
     assert not bool(trunc1) and int(state1.t) == 1
     np.testing.assert_array_equal(info1["final_observation"], obs1)
@@ -232,7 +233,7 @@ def test_log_wrapper_returns_and_validity(env_params):
     short = params.replace(max_steps=jnp.int32(3))
     wrapped = LogWrapper(AutoResetWrapper(env))
     obs, state = jax.jit(wrapped.reset)(jax.random.PRNGKey(0), short)
-    greedy = policies.greedy_plan(state.env_state.scenario)
+    greedy = jax.jit(policies.greedy_plan)(state.env_state.scenario)  # (eager = jit)
     total = np.zeros(env.num_agents)
     step = jax.jit(wrapped.step)
     for t in range(3):
@@ -248,7 +249,7 @@ def test_dynamics_evolve(env_params):
     hot = params.replace(gpu_failure_probability=jnp.float32(0.5),
                          arrival_probability=jnp.float32(1.0))
     obs, state = jax.jit(env.reset)(jax.random.PRNGKey(4), hot)
-    plan = policies.greedy_plan(state.scenario)
+    plan = jax.jit(policies.greedy_plan)(state.scenario)  # (eager = jit)
     _, s1, *_ = jax.jit(env.step)(jax.random.PRNGKey(5), state, plan, hot)
     c0, c1 = np.asarray(state.scenario.cluster.gpu_count), np.asarray(s1.scenario.cluster.gpu_count)
     valid = np.asarray(state.scenario.cluster.valid)

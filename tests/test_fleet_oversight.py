@@ -100,10 +100,12 @@ def test_grading(made):
         assert bool(done) and float(r) == pytest.approx(final)
 
 
-def test_text_session_reads_flags(made):
+def test_text_session_reads_flags():
     from libratio_jax.text.session import TextSession
 
-    env, params, _, _ = made
+    # (a bank of 2, as `libratio eval`'s test: pools of one session on it share one compile
+    # across the run)
+    env, params = lj.make("Fleet-Oversight-v0", bank_size=2)
     s = TextSession(env, params=params, seed=3)
     s.reset()
     state = s.pool.state(0)

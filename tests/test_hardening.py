@@ -215,6 +215,8 @@ import libratio_jax as lj  # noqa: E402
 from libratio_jax.agents.policies import greedy_plan  # noqa: E402
 from libratio_jax.physics.plan import sample_plans, sanitize_plan  # noqa: E402
 
+_greedy = jax.jit(greedy_plan)  # one program for every case below (eager: op by op)
+
 # field -> garbage for tenant 0 (the values a policy on raw arrays was seen to exploit, and more)
 GARBAGE = [("kv_precision", -7), ("kv_precision", 99), ("pool", -3), ("pool", 5), ("tp", 0),
            ("tp", -2), ("tp", 3), ("pp", 0), ("pp", 1000), ("micro_batch", 0),
@@ -245,7 +247,7 @@ def _spoil(plan, field, value):
 @pytest.mark.parametrize("field,value", GARBAGE)
 def test_out_of_domain_plans_are_invalid_and_never_pay(fleet, field, value):
     env, params, state, step = fleet
-    good = greedy_plan(state.scenario)
+    good = _greedy(state.scenario)
     _, _, r_good, *_ = step(jax.random.PRNGKey(1), state, good, params)
     bad = _spoil(good, field, value)
     obs, new_state, r_bad, _, _, info = step(jax.random.PRNGKey(1), state, bad, params)
@@ -287,7 +289,7 @@ def test_domain_rules_agree_with_validate_plan(fleet):
     from libratio_jax.physics.plan import validate_plan
 
     env, params, state, step = fleet
-    good = greedy_plan(state.scenario)
+    good = _greedy(state.scenario)
     idle = good.replace(gpus=good.gpus.at[0].set(0), tp=good.tp.at[0].set(0))
     validate_plan(state.scenario, idle)  # accepted
     _, _, _, _, _, info = step(jax.random.PRNGKey(1), state, idle, params)

@@ -190,7 +190,7 @@ def test_cem_beats_random_and_matches_its_best_plan():
     assert (np.diff(hist["best_reward"]) >= 0).all()
     assert hist["best_reward"][-1] > hist["mean_reward"][0]
     assert hist["mean_reward"][-1] > hist["mean_reward"][0]  # the distribution moved
-    greedy = team(sc, greedy_plan(sc), PARAMS)[0]
+    greedy = team(sc, jax.jit(greedy_plan)(sc), PARAMS)[0]
     assert float(out.best_reward) >= float(greedy) - 0.05
     np.testing.assert_array_equal(hist["evaluated_plans"], 4096 * np.arange(1, 7))
 

@@ -73,7 +73,7 @@ def test_canonical_plan_keeps_metrics(hard):
 
 
 def test_render_plan_is_readable_and_short(small):
-    plan = greedy_plan(small)
+    plan = jax.jit(greedy_plan)(small)  # (eager = jit)
     obj = json.loads(T.render_plan(small, plan))
     assert [t["id"] for t in obj["tenants"]] == [0, 1]
     t0 = obj["tenants"][0]
@@ -224,8 +224,8 @@ def test_fuzz_generated_cases(hard):
     """8,000 generated cases (random bytes, JSON soup, random plan-shaped JSON with wrong
     fields and values, mutated valid plans, odd completion objects)."""
     tables = T.ScenarioTables.of(hard)
-    valid = [T.render_plan(tables, random_valid_plan(jax.random.PRNGKey(i), hard))
-             for i in range(16)]
+    sample = jax.jit(random_valid_plan)  # (eager: op by op, 16 times)
+    valid = [T.render_plan(tables, sample(jax.random.PRNGKey(i), hard)) for i in range(16)]
     n, stages = _assert_never_raises(cases(8_000, 0, valid), tables)
     assert n == 8_000
     assert stages.min() > 0  # every stage is exercised

@@ -1,20 +1,15 @@
 """End to end: TRL's GRPOTrainer trains a tiny Llama (built here, no downloads) for 2 steps on
 our dataset with our reward functions, on the CPU."""
 
+import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-trl = pytest.importorskip("trl")
-pytest.importorskip("datasets")
-
-import jax  # noqa: E402
-
-from libratio_jax.agents.policies import greedy_plan, random_valid_plan  # noqa: E402
-from libratio_jax.integrations import trl as hf  # noqa: E402
-from libratio_jax.integrations.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of  # noqa: E402
-from libratio_jax.scenarios import ScenarioRecipe  # noqa: E402
-from libratio_jax.text import codec as T  # noqa: E402
+from libratio_jax.agents.policies import greedy_plan, random_valid_plan
+from libratio_jax.integrations import trl as hf
+from libratio_jax.integrations.tiny_lm import build_tiny_llama, build_tokenizer, corpus_of
+from libratio_jax.scenarios import ScenarioRecipe
+from libratio_jax.text import codec as T
 
 
 class Spy:
@@ -30,13 +25,17 @@ class Spy:
 
 
 def test_grpo_trainer_two_steps_on_cpu(tmp_path):
+    # (imported here, not at collection: only the process that runs this test loads them)
+    torch = pytest.importorskip("torch")
+    trl = pytest.importorskip("trl")
+    pytest.importorskip("datasets")
     rows = hf.build_dataset(4, seed=0, difficulty="easy")
     plan_texts = []
+    greedy, sample = jax.jit(greedy_plan), jax.jit(random_valid_plan)  # (eager: op by op)
     for r in rows:  # whole plans as single tokens: a random model then emits valid plans
         sc = ScenarioRecipe.from_json(r["scenario"]).build()
-        plan_texts.append(T.render_plan(sc, greedy_plan(sc)))
-        plan_texts += [T.render_plan(sc, random_valid_plan(jax.random.PRNGKey(k), sc))
-                       for k in range(3)]
+        plan_texts.append(T.render_plan(sc, greedy(sc)))
+        plan_texts += [T.render_plan(sc, sample(jax.random.PRNGKey(k), sc)) for k in range(3)]
     tok = build_tokenizer(corpus_of(rows), plan_tokens=plan_texts)
     model = build_tiny_llama(tok)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

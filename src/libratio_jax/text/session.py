@@ -111,13 +111,19 @@ def _where(mask, new, old):
     return jax.tree.map(pick, new, old)
 
 
+# The reset sessions' new states merged into the pool's (a small program of selects), apart
+# from the reset itself: the pool's first reset (no states yet) and its later ones (some
+# sessions) run the same compiled reset.
+_merge = jax.jit(_where)
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled(env: Environment):
-    """Jitted batched reset and step of ``env`` (one compile per env and pool size)."""
+    """Jitted batched reset and step of ``env`` (one compile each per env and pool size)."""
 
-    def reset(keys, params, states, mask):
+    def reset(keys, params):
         _, new = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
-        return new if states is None else _where(mask, new, states)
+        return new
 
     def step(keys, params, states, actions, mask):
         split = jax.vmap(jax.random.split)(keys)
@@ -196,7 +202,9 @@ class SessionPool:
         # An episode's reset key and its stream of step keys both derive from its key.
         reset_keys, step_keys = (jax.vmap(lambda k, j=j: jax.random.fold_in(k, j))(keys)
                                  for j in (0, 1))
-        self._states = self._reset_fn(reset_keys, self.params, self._states, jnp.asarray(mask))
+        new = self._reset_fn(reset_keys, self.params)
+        self._states = new if self._states is None else _merge(jnp.asarray(mask), new,
+                                                                self._states)
         self._keys = jnp.where(jnp.asarray(mask)[:, None], step_keys, self._keys)
         self._fetch(idx)
         self._done[idx] = False

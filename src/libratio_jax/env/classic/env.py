@@ -98,7 +98,37 @@ class ClassicParams:
         return int(self.n_models.shape[-1])
 
 
+_TABLES: dict[str, dict[str, Any]] = {}  # repr of a plain scenario dict -> its tables
+_TABLES_SIZE = 64
+
+
+def _plain(x) -> bool:
+    """Whether ``x`` holds only dicts (str keys), lists, tuples, str, int, float, bool and
+    None: values whose ``repr`` is their content."""
+    if isinstance(x, dict):
+        return all(type(k) is str and _plain(v) for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return all(_plain(v) for v in x)
+    return x is None or type(x) in (str, int, float, bool)
+
+
 def _scenario_tables(sc: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The host tables of one scenario dict: a pure function of its content (~40 ms of
+    Python rules), computed once per content and process for plain dicts (the presets, the
+    logged episodes'); each caller gets its own arrays."""
+    if type(sc) is not dict or not _plain(sc):
+        return _compute_scenario_tables(sc)
+    key = repr(sc)
+    tables = _TABLES.get(key)
+    if tables is None:
+        tables = _compute_scenario_tables(sc)
+        if len(_TABLES) >= _TABLES_SIZE:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = tables
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in tables.items()}
+
+
+def _compute_scenario_tables(sc: Mapping[str, Any]) -> dict[str, np.ndarray]:
     models = sc["models"]
     cluster = sc["cluster"]
     n = len(models)
