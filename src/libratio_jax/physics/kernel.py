@@ -431,7 +431,9 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
-        ref = weakref.ref(scenario, lambda _, key=key: _SCENARIO_ARGS.pop(key, None))
+        # (the dict bound now: at interpreter exit the module's globals are None before
+        # the last scenarios die)
+        ref = weakref.ref(scenario, lambda _, key=key, kept=_SCENARIO_ARGS: kept.pop(key, None))
     except TypeError:
         return None, scenario
     _SCENARIO_ARGS[key] = (ref, None)
