@@ -126,3 +126,24 @@ def test_single_plan_validation_matches_the_batched_rules():
     # The reward path's form: many plans (of scenarios of one shape) flagged in one pass.
     fields = np.stack([[getattr(p, f) for f in _INT_FIELDS] for p in spoiled])
     assert invalid_plans(fields, [rule_tables(sc)] * len(spoiled)).tolist() == verdicts
+
+
+@pytest.mark.parametrize("value", [2**24 + 1, 2**32 + 1])
+def test_integers_beyond_the_domain_are_refused_not_wrapped(value):
+    """A micro-batch beyond the sanitizer's INT_LIMIT (2**24) is out of the domain: refused by
+    validate_plan (one plan and a batch, int64 arrays whose values int32 would wrap: 2**32 + 1
+    is 1 in int32), flagged by the jittable breaks_rules, and invalid with validate=False."""
+    import jax
+
+    from libratio_jax.physics.plan import breaks_rules
+
+    sc = lj.reference_scenario(block_groups=1)
+    one = jax.tree.map(lambda x: np.asarray(x[0], np.int64), sample_plans(sc, 1, seed=0))
+    i = int(np.argmax(one.gpus > 0))
+    one.micro_batch[i] = value
+    for p in (one, jax.tree.map(lambda x: x[None], one)):
+        with pytest.raises(ValueError, match=rf"plan.micro_batch\[{i}\].*exceeds"):
+            lj.evaluate(sc, p)
+    if value < 2**31:  # (in int32, as a program holds it)
+        assert bool(jax.jit(breaks_rules)(sc, jax.tree.map(lambda x: x.astype(np.int32), one)))
+        assert not lj.evaluate(sc, one, validate=False).plan_valid[i]

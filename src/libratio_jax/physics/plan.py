@@ -348,8 +348,9 @@ def validate_plan(scenario, plan: Plan) -> None:
 
     Checks: shapes and integer dtypes; format ids in range; ``gpus >= 0``; per present tenant:
     ``zero_stage`` in 0..3, ``recompute`` 0 or 1, ``pool`` a cluster pool; per present tenant
-    with GPUs: ``tp, pp, micro_batch >= 1``, ``pool`` a real pool with at least ``gpus`` GPUs,
-    ``tp * pp`` divides ``gpus``, ``tp`` divides the attention and KV heads, ``pp <= n_blocks``.
+    with GPUs: ``tp, pp, micro_batch >= 1``, ``micro_batch <= INT_LIMIT``, ``pool`` a real
+    pool with at least ``gpus`` GPUs, ``tp * pp`` divides ``gpus``, ``tp`` divides the
+    attention and KV heads, ``pp <= n_blocks``.
     (Several tenants together may over-commit the cluster: that is a physical outcome, flagged
     in ``Metrics.overcommitted``, not an input error.) The rules are evaluated all at once;
     only a plan that breaks one pays for finding which (the common, valid case is a handful of
@@ -500,6 +501,9 @@ def _broken_rules(g, tp_raw, pp_raw, zero, rec, kv, mb, pool_id, present, heads,
         ((tp_raw < 1) & has_gpus, "tp"),
         ((pp_raw < 1) & has_gpus, "pp"),
         ((mb < 1) & has_gpus, "micro_batch"),
+        # (the sanitizer's bound on every integer; the other fields meet theirs through the
+        # rules below: a pool's GPUs, tp * pp dividing them, pp within the blocks)
+        ((mb > INT_LIMIT) & has_gpus, (f"micro_batch exceeds {INT_LIMIT}", "micro_batch")),
         (((zero < 0) | (zero > 3)) & present, "zero_stage must be 0, 1, 2 or 3"),
         (((rec < 0) | (rec > 1)) & present, "recompute must be 0 or 1"),
         (((pool_id < 0) | (pool_id >= n_pools)) & present, "pool is not a cluster pool"),
