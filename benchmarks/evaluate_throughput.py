@@ -155,11 +155,11 @@ def program_kernels(sc, plan) -> int:
     layout, args = _packed_scenario(sc)
     m, l = plan.precision.shape
     capacity = kernel.entry_capacity(m)
-    by_pairs = sc.row_classes is not None and kernel._inline_dispatch()  # as lj.evaluate
+    inline = kernel._inline_dispatch()  # as lj.evaluate: the plan's rules in the program
     compact = (compact_entries(row_pairs(sc.row_classes, l), plan.precision, capacity)
-               if by_pairs else None)
+               if inline and sc.row_classes is not None else None)
     program = _program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
-                       0 if compact is None else capacity)
+                       0 if compact is None else capacity, inline)
     packed = _pack_plan(plan, None if compact is None else compact[0])
     text = program.lower(args, packed).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")

@@ -308,6 +308,59 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
     assert (entries != 0).sum(axis=1)[0] == (entries != 0).sum(axis=1)[1] + 4  # 4 more pairs
 
 
+def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):
+    """With inline CPU dispatch one host plan's rules are checked in its program
+    (``plan.breaks_rules``): on randomly spoiled plans, coarse and at full resolution,
+    ``lj.evaluate`` raises exactly ``validate_plan``'s message and evaluates the others as the
+    rows' physics do; integers beyond ``INT_LIMIT`` are checked on the host (refused for a
+    tenant that uses them, ignored for an absent one)."""
+    from libratio_jax.physics.plan import validate_plan
+
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)  # forced: the backend is up
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    rng = np.random.default_rng(3)
+    for sc in (lj.reference_scenario(block_groups=1), _tiny_full_resolution("tiny-llama")):
+        _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+        plans = jax.tree.map(np.asarray, sample_plans(sc, 24, seed=5, per_layer=False))
+        spoiled, results = [], []
+        for b in range(24):
+            p = jax.tree.map(lambda x, b=b: x[b].copy(), plans)
+            for _ in range(rng.integers(0, 3)):  # none, one or two spoiled fields
+                field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
+                                    "kv_precision", "recompute"])
+                getattr(p, field)[rng.integers(sc.num_tenants)] = rng.integers(-2, 40)
+            try:
+                validate_plan(sc, p)
+                expected = None
+            except ValueError as e:
+                expected = str(e)
+            try:
+                results.append(lj.evaluate(sc, p))
+                message = None
+            except ValueError as e:
+                message = str(e)
+            assert message == expected
+            if message is None:
+                spoiled.append(p)
+        assert 4 < len(spoiled) < 20  # both verdicts
+        batch = jax.tree.map(lambda *x: np.stack(x), *spoiled)
+        by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, batch)
+        chex.assert_trees_all_close(jax.tree.map(lambda *x: np.stack(x), *results), by_rows,
+                                    rtol=1e-5, atol=1e-6)
+        huge = jax.tree.map(lambda x: x.astype(np.int64), spoiled[0])
+        i = int(np.argmax(huge.gpus > 0))
+        huge.micro_batch[i] = 2**32 + 1  # 1 in int32
+        with pytest.raises(ValueError, match=rf"plan.micro_batch\[{i}\].*exceeds"):
+            lj.evaluate(sc, huge)
+    absent = int(np.argmin(np.asarray(sc.present)))
+    assert not sc.present[absent]
+    huge = jax.tree.map(lambda x: x.astype(np.int64), spoiled[0])
+    huge.gpus[absent] = huge.tp[absent] = 2**40
+    np.testing.assert_array_equal(lj.evaluate(sc, huge).tokens_per_second,
+                                  lj.evaluate(sc, spoiled[0]).tokens_per_second)
+
+
 def test_single_host_plans_unpack_by_their_own_layout(monkeypatch):
     """One host plan's packed outputs (inline dispatch; forced here, the backend is up) are
     unpacked with the layout of its program, whatever scenarios of other pool counts ran

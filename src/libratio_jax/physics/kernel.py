@@ -31,7 +31,9 @@ from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.packing import pack, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
+    INT_LIMIT,
     Plan,
+    breaks_rules,
     sanitize_fields,
     sanitize_plan,
     sanitize_precision,
@@ -222,7 +224,7 @@ def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
     compact_entries`), on a full-resolution scenario: the physics of the class path on just
     the pairs the plan uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path
     for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (spread it over the rows
-    with the entries' ``slot``); ``plan.precision`` is not read."""
+    with ``compact_entries``' ``row_entry``); ``plan.precision`` is not read."""
     code = entries >> ENTRY_SHIFT
     counts = (entries & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32)
     coarse = scenario.coarse_models
@@ -349,7 +351,7 @@ def _inline_dispatch() -> bool:
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
              scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True,
-             entry_capacity: int = 0):
+             entry_capacity: int = 0, check_rules: bool = False):
     """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
     the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
     is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
@@ -359,7 +361,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     of 29, about 1 µs each) and is unpacked into NumPy views on the host: the outputs'
     shapes follow from ``(batch_shape, m, l, n_pools)``, so every trace of the program has
     the same packed layout. ``entry_capacity``: one packed plan whose formats are its
-    ``[m, entry_capacity]`` entries (:func:`evaluate_entries`) in place of its rows."""
+    ``[m, entry_capacity]`` entries (:func:`evaluate_entries`) in place of its rows.
+    ``check_rules``: one plan, returned with whether it breaks a rule of ``validate_plan``
+    (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
     n = math.prod(batch_shape)
     # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
     # np.asarray waits and copies: 176-188 -> 196-210 µs, measured alternately; inline
@@ -378,9 +382,14 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
                         **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
         if entry_capacity:
             out = evaluate_entries(scenario, plan, plan.precision)
-            out = out if layer_stability else out.replace(layer_stability=None)
+            per_entry = out.layer_stability  # [m, capacity] + a column of 1 (rows of no class)
+            out = out.replace(layer_stability=jnp.concatenate(
+                [per_entry, jnp.ones_like(per_entry[:, :1])], axis=1) if layer_stability
+                else None)
         else:
             out = _run(batch_shape, scenario, plan, layer_stability)
+        if check_rules:
+            out = out, breaks_rules(scenario, plan)
         if not pack_outputs:
             return out
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
@@ -508,8 +517,13 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
     if not isinstance(plan, Plan):
         raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
+    # One host plan with inline CPU dispatch: its shapes and dtypes checked here, its rules in
+    # its program (below).
+    one_host_plan = (validate and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
+                     and not isinstance(scenario.present, jax.core.Tracer)
+                     and jax.default_backend() == "cpu" and _inline_dispatch())
     if validate:
-        validate_plan(scenario, plan)
+        validate_plan(scenario, plan, rules=not one_host_plan)
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
@@ -519,11 +533,12 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
         return _run(tuple(shape[:-2]), scenario, plan, bool(layer_stability))
     layout, scenario_args = _scenario_args(scenario)
     n_pools = scenario.cluster.gpu_count.shape[-1]
-    if (validate and len(shape) == 2 and layout is not None
-            and jax.default_backend() == "cpu" and _inline_dispatch()):
-        out = _evaluate_by_entries(scenario, plan, scenario_args, n_pools, bool(layer_stability))
+    if one_host_plan:
+        out = (None if layout is None else
+               _evaluate_host_plan(scenario, plan, scenario_args, n_pools, bool(layer_stability)))
         if out is not None:
             return out
+        validate_plan(scenario, plan)  # the rules, on the host
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
                        bool(layer_stability))
@@ -537,38 +552,49 @@ def entry_capacity(num_tenants: int) -> int:
     return SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants - len(INT_FIELDS)
 
 
-def _evaluate_by_entries(scenario: Scenario, plan: Plan, scenario_args, n_pools: int,
-                         layer_stability: bool) -> Metrics | None:
-    """One validated host plan on a packed full-resolution scenario, with inline CPU
-    dispatch, by its (class, format) entries (:func:`evaluate_entries`): a program of
-    buffers of at most ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially, like a
-    coarse plan's, rather than the rows' program, which it runs concurrently
+def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: int,
+                        layer_stability: bool) -> Metrics | None:
+    """One host plan whose shapes and dtypes are validated, on a packed scenario, with inline
+    CPU dispatch: in a program that also checks the plan's rules (``plan.breaks_rules``; only
+    a plan that breaks one pays for ``validate_plan``'s message, which it raises), at full
+    resolution by its (class, format) entries (:func:`evaluate_entries`). Those make a
+    program of buffers of at most ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially,
+    like a coarse plan's, rather than the rows' program, which it runs concurrently
     (docs/performance.md; measured on 2 cores, a plan with a format per layer kind: ~150-180
-    against ~270-295 µs a call; with asynchronous dispatch it gained nothing, since the
-    host must wait for the result to spread ``layer_stability``). ``None`` (the
-    caller evaluates the rows) when the scenario is coarse, the plan is not all NumPy, a
-    tenant uses more pairs than fit beside the plan's fields in one such buffer (e.g. formats
-    drawn per row at random), or the sanitizer refuses a tenant (the rows' program says what
-    its rows score)."""
+    against ~270-295 µs a call; with asynchronous dispatch it gained nothing, since the host
+    must wait for the result to spread ``layer_stability``). The rows' program instead when
+    the scenario is coarse, a tenant uses more pairs than fit beside the plan's fields in one
+    such buffer (e.g. formats drawn per row at random), or the sanitizer refuses a tenant (the
+    rows say what its rows score). ``None`` (the caller validates on the host) when an
+    integer field is not a NumPy array or lies beyond ``INT_LIMIT`` (int32 would wrap it)."""
+    ints = [getattr(plan, f) for f in INT_FIELDS]
+    if not all(type(x) is np.ndarray for x in ints):
+        return None
+    ints = np.array(ints, np.int64)
+    if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
+        return None
     kept = _SCENARIO_ARGS[id(scenario)]
-    pairs = kept[2]
-    if pairs is None or type(plan.precision) is not np.ndarray:
-        return None
-    m, l = pairs.base.shape
+    layout, pairs = kept[1][0], kept[2]
+    m, l = plan.precision.shape
     capacity = entry_capacity(m)
-    compact = compact_entries(pairs, plan.precision, capacity) if capacity > 0 else None
-    packed = None if compact is None else _pack_plan(plan, compact[0])
-    if packed is None:
-        return None
-    program = _program((), m, l, n_pools, kept[1][0], True, layer_stability, capacity)
-    out = program(scenario_args, packed)
-    if not np.all(out.plan_valid):
-        return None
-    if layer_stability:  # spread over the rows (rows of no class: 1)
-        per_entry = np.asarray(out.layer_stability)
-        rows = np.concatenate([per_entry, np.ones((m, 1), per_entry.dtype)], axis=1).take(
-            compact[1] + (capacity + 1) * np.arange(m)[:, None])
-        # ``out`` (NumPy views, packed outputs) was made by this call: set in place
-        # (``replace`` costs ~6 µs)
-        object.__setattr__(out, "layer_stability", rows)
+    compact = (compact_entries(pairs, plan.precision, capacity)
+               if pairs is not None and capacity > 0 else None)
+    if compact is not None:
+        program = _program((), m, l, n_pools, layout, True, layer_stability, capacity, True)
+        out, broken = program(scenario_args, np.concatenate([compact[0].ravel(), ints.ravel()],
+                                                            dtype=np.int32))
+        if broken:
+            validate_plan(scenario, plan)  # raises, naming the field
+        if np.all(out.plan_valid):
+            if layer_stability:  # spread over the rows
+                rows = out.layer_stability.reshape(-1).take(compact[1])
+                # ``out`` (NumPy views, packed outputs) was made by this call: set in place
+                # (``replace`` costs ~6 µs)
+                object.__setattr__(out, "layer_stability", rows)
+            return out
+    program = _program((), m, l, n_pools, layout, True, layer_stability, 0, True)
+    out, broken = program(scenario_args, np.concatenate(
+        [plan.precision.ravel(), ints.ravel()], dtype=np.int32, casting="unsafe"))
+    if broken:
+        validate_plan(scenario, plan)
     return out

@@ -343,7 +343,7 @@ def _mapping(x: Any, field: str) -> Mapping:
     return x
 
 
-def validate_plan(scenario, plan: Plan) -> None:
+def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     """Check a concrete plan against a scenario; raise ValueError naming the field.
 
     Checks: shapes and integer dtypes; format ids in range; ``gpus >= 0``; per present tenant:
@@ -354,7 +354,9 @@ def validate_plan(scenario, plan: Plan) -> None:
     (Several tenants together may over-commit the cluster: that is a physical outcome, flagged
     in ``Metrics.overcommitted``, not an input error.) The rules are evaluated all at once;
     only a plan that breaks one pays for finding which (the common, valid case is a handful of
-    NumPy operations, also for a single plan).
+    NumPy operations, also for a single plan). ``rules=False`` checks only the shapes, dtypes
+    and format ids, for a caller that checks the rules in its own program
+    (:func:`breaks_rules`) and calls this again for the message of a plan that breaks one.
     """
     m, l = scenario.num_tenants, scenario.num_layers
     for name in ("precision",) + _INT_FIELDS:
@@ -375,6 +377,8 @@ def validate_plan(scenario, plan: Plan) -> None:
             raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
         if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
+    if not rules:
+        return
     tables = rule_tables(scenario)
     if not batch:  # one plan: the rules on Python scalars, tenant by tenant
         per_tenant = zip(*(x.tolist() for x in xs), *tables.lists[:4], strict=True)

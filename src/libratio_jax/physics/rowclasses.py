@@ -182,6 +182,7 @@ class RowPairs(NamedTuple):
 
     base: np.ndarray  # int32[M, L]: the pair number of each row in format 0
     real: np.ndarray  # bool[M * width]: the pair is of a class (not of the padding rows)
+    tenant: np.ndarray  # int32[M * width]: the tenant of each pair number
     width: int  # pair numbers per tenant: (classes + 1) * F
 
 
@@ -194,22 +195,24 @@ def row_pairs(grid, num_layers: int) -> RowPairs:
     width = (c + 1) * F.NUM_FORMATS
     base = row_class[:, :num_layers] * F.NUM_FORMATS + width * np.arange(m, dtype=np.int32)[:, None]
     real = np.tile(np.arange(width) < c * F.NUM_FORMATS, m)
-    return RowPairs(base, real, width)
+    return RowPairs(base, real, np.arange(m * width, dtype=np.int32) // width, width)
 
 
 def compact_entries(pairs: RowPairs, precision, capacity: int):
     """One plan's formats ``precision`` (host ``[M, L]`` ids in ``[0, F)``) as ``(entries
-    int32[M, capacity], slot int[M, L])``: each tenant's (class, format) pairs with their row
-    counts (``ENTRY_SHIFT``), and the entry of each row (``capacity`` for rows of no class),
-    to spread per-entry values back over the rows; ``None`` when a tenant uses more than
-    ``capacity`` pairs. ``pairs``: :func:`row_pairs` of the scenario."""
+    int32[M, capacity], row_entry int[M, L])``: each tenant's (class, format) pairs with their
+    row counts (``ENTRY_SHIFT``), and where each row's value lies among per-entry values laid
+    out ``[M, capacity + 1]`` and flattened (``m * (capacity + 1) + k`` for entry ``k`` of
+    tenant ``m``; the extra last column for rows of no class), to spread per-entry values back
+    over the rows with one ``take``; ``None`` when a tenant uses more than ``capacity``
+    pairs. ``pairs``: :func:`row_pairs` of the scenario."""
     m, l = pairs.base.shape
     if l >= 1 << ENTRY_SHIFT:
         return None
     code = pairs.base + precision.astype(np.int32, copy=False)  # [M, L] pair numbers
     counts = np.bincount(code.ravel(), minlength=m * pairs.width)
     pair = np.flatnonzero((counts > 0) & pairs.real)  # the used pairs, tenant by tenant
-    tenant = pair // pairs.width
+    tenant = pairs.tenant[pair]
     per_tenant = np.bincount(tenant, minlength=m)
     if per_tenant.max(initial=0) > capacity:
         return None
@@ -217,6 +220,6 @@ def compact_entries(pairs: RowPairs, precision, capacity: int):
     entries = np.zeros(m * capacity, np.int32)
     entries[tenant * capacity + rank] = (((pair - tenant * pairs.width) << ENTRY_SHIFT)
                                          | counts[pair])
-    table = np.full(m * pairs.width, capacity, np.int32)
-    table[pair] = rank
-    return entries.reshape(m, capacity), table.take(code)
+    where = pairs.tenant * (capacity + 1) + capacity  # every pair: its tenant's last column
+    where[pair] = tenant * (capacity + 1) + rank
+    return entries.reshape(m, capacity), where.take(code)
