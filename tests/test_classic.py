@@ -165,6 +165,26 @@ def test_env_jit_matches_eager_and_registry():
         lj.make("Classic-FleetResource-v0", scenarios=["tiny_fleet"])
 
 
+def test_scenario_dicts_are_read_once_and_deep_ones_are_refused_cleanly():
+    """A scenario dict's tables are computed once per content (each caller gets its own
+    arrays); a hostile dict nested 5,000 deep gets the rules' ValueError, not a
+    RecursionError from the cache's key."""
+    from libratio_jax.env.classic.env import _scenario_tables
+
+    sc = json.loads(json.dumps(C.preset_scenarios()["small_fleet"]))
+    a, b = _scenario_tables(sc), _scenario_tables(json.loads(json.dumps(sc)))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+        if isinstance(a[k], np.ndarray) and a[k].size:
+            assert not np.shares_memory(a[k], b[k])
+    deep = 0
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="models"):
+        _scenario_tables({"models": [], "cluster": {"pools": deep}})
+
+
 def test_reset_samples_scenarios_deterministically():
     env, params = lj.make("Classic-FleetResource-v0")
     keys = jax.random.split(jax.random.PRNGKey(0), 64)

@@ -474,7 +474,15 @@ def _pack_plan(plan: Plan, formats: np.ndarray | None = None) -> np.ndarray | No
                                                                  for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in leaves):
         return None
-    return np.concatenate([x.ravel() for x in leaves], dtype=np.int32, casting="unsafe")
+    return _plan_vector(leaves[0], leaves[1:])
+
+
+def _plan_vector(formats: np.ndarray, ints) -> np.ndarray:
+    """The packed plan's one int32 vector (what :func:`_program` unpacks): ``formats``
+    flattened, then the integer fields (``INT_FIELDS`` order, a list of arrays or one
+    ``[8, ...]`` array) flattened field by field."""
+    rest = [ints.ravel()] if isinstance(ints, np.ndarray) else [x.ravel() for x in ints]
+    return np.concatenate([formats.ravel(), *rest], dtype=np.int32, casting="unsafe")
 
 
 def inline_cpu_dispatch() -> bool:
@@ -581,8 +589,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: 
                if pairs is not None and capacity > 0 else None)
     if compact is not None:
         program = _program((), m, l, n_pools, layout, True, layer_stability, capacity, True)
-        out, broken = program(scenario_args, np.concatenate([compact[0].ravel(), ints.ravel()],
-                                                            dtype=np.int32))
+        out, broken = program(scenario_args, _plan_vector(compact[0], ints))
         if broken:
             validate_plan(scenario, plan)  # raises, naming the field
         if np.all(out.plan_valid):
@@ -593,8 +600,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: 
                 object.__setattr__(out, "layer_stability", rows)
             return out
     program = _program((), m, l, n_pools, layout, True, layer_stability, 0, True)
-    out, broken = program(scenario_args, np.concatenate(
-        [plan.precision.ravel(), ints.ravel()], dtype=np.int32, casting="unsafe"))
+    out, broken = program(scenario_args, _plan_vector(plan.precision, ints))
     if broken:
         validate_plan(scenario, plan)
     return out

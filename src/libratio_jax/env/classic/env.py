@@ -102,13 +102,16 @@ _TABLES: dict[str, dict[str, Any]] = {}  # repr of a plain scenario dict -> its 
 _TABLES_SIZE = 64
 
 
-def _plain(x) -> bool:
+def _plain(x, depth: int = 0) -> bool:
     """Whether ``x`` holds only dicts (str keys), lists, tuples, str, int, float, bool and
-    None: values whose ``repr`` is their content."""
+    None, nested at most 16 deep (a scenario is 4): values whose ``repr`` is their content
+    (and a deeper one, a user's, is not walked into Python's recursion limit)."""
+    if depth > 16:
+        return False
     if isinstance(x, dict):
-        return all(type(k) is str and _plain(v) for k, v in x.items())
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in x.items())
     if isinstance(x, (list, tuple)):
-        return all(_plain(v) for v in x)
+        return all(_plain(v, depth + 1) for v in x)
     return x is None or type(x) in (str, int, float, bool)
 
 
