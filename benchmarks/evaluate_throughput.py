@@ -156,7 +156,7 @@ def program_kernels(sc, plan) -> int:
     m, l = plan.precision.shape
     capacity = kernel.entry_capacity(m)
     inline = kernel._inline_dispatch()  # as lj.evaluate: the plan's rules in the program
-    compact = (compact_entries(row_pairs(sc.row_classes, l), plan.precision, capacity)
+    compact = (compact_entries(row_pairs(sc.row_classes, l, capacity), plan.precision)
                if inline and sc.row_classes is not None else None)
     program = _program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
                        0 if compact is None else capacity, inline)

@@ -438,6 +438,27 @@ def test_packed_trees_come_back_whole():
             assert x.dtype == y.dtype
 
 
+def test_leaf_reader_gives_the_leaves_of_unpack():
+    """``leaf_reader`` (one host plan's outputs, cut in runs of equal shapes) gives exactly
+    the leaves ``unpack`` gives, in order, dtype and shape, for trees of mixed dtypes and
+    shapes, scalars included, packed whole or in arrays of at most 64 bytes."""
+    from libratio_jax.physics.packing import leaf_reader, pack, unpack
+
+    rng = np.random.default_rng(0)
+    shapes = [(4,), (4,), (), (4, 3), (4,), (2,), (), (4,), (4,), (1,)]
+    for _ in range(6):
+        tree = {f"x{k}": rng.normal(size=shape).astype(rng.choice(["f4", "i4", "?"]))
+                for k, shape in enumerate(rng.permutation(np.array(shapes, dtype=object)))}
+        for max_bytes in (None, 64):
+            layout, arrays = pack(tree, max_bytes=max_bytes)
+            got = leaf_reader(layout)(arrays)
+            want = jax.tree.leaves(unpack(layout, arrays))
+            assert len(got) == len(want) == len(tree)
+            for x, y in zip(got, want, strict=True):
+                assert type(x) is np.ndarray and x.dtype == y.dtype and x.shape == y.shape
+                np.testing.assert_array_equal(x, y)
+
+
 class _EqRaises(str):
     def __eq__(self, other):
         raise RuntimeError("no comparing me")

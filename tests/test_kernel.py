@@ -225,6 +225,52 @@ def test_format_counts_equal_a_numpy_count(dtype):
         assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int16])
+def test_compact_entries_against_a_python_count(dtype):
+    """One host plan's (class, format) entries against a plain-Python walk of its rows: each
+    tenant's entries are its used pairs in order with their row counts, every row's
+    ``row_entry`` points at its pair's entry (rows of no class at the tenant's last column),
+    and a tenant with more pairs than the capacity gives None."""
+    from libratio_jax.physics.rowclasses import ENTRY_SHIFT, compact_entries, row_pairs
+
+    sc = _mixed()
+    grid, l = np.asarray(sc.row_classes), sc.num_layers
+    m, c, _ = grid.shape
+    row_class = {(t, int(grid[t, j, k])): j
+                 for t, j, k in zip(*np.nonzero(grid < l), strict=True)}
+    rng = np.random.default_rng(2)
+    verdicts = []
+    for capacity in (24, 40):
+        pairs = row_pairs(grid, l, capacity)
+        for trial in range(6):
+            kinds = rng.integers(0, 12, size=(m, c))  # a format per class...
+            prec = np.array([[kinds[t, row_class.get((t, r), 0)] for r in range(l)]
+                             for t in range(m)])
+            prec[rng.random(prec.shape) < 0.02 * trial] = rng.integers(0, 12)  # ...and others
+            prec = prec.astype(dtype)
+            got = compact_entries(pairs, prec)
+            verdicts.append(got is None)
+            used = [sorted({(row_class[t, r], int(prec[t, r])) for r in range(l)
+                            if (t, r) in row_class}) for t in range(m)]
+            if max(map(len, used)) > capacity:
+                assert got is None
+                continue
+            entries, row_entry = got
+            assert entries.shape == (m, capacity) and row_entry.shape == (m, l)
+            for t in range(m):
+                want = [((j * 12 + f) << ENTRY_SHIFT)
+                        | sum(row_class.get((t, r)) == j and prec[t, r] == f for r in range(l))
+                        for j, f in used[t]]
+                assert entries[t].tolist() == want + [0] * (capacity - len(want))
+                for r in range(l):
+                    k = (used[t].index((row_class[t, r], int(prec[t, r])))
+                         if (t, r) in row_class else capacity)
+                    assert row_entry[t, r] == t * (capacity + 1) + k
+    assert 0 < sum(verdicts) < len(verdicts)  # both outcomes
+    assert any(compact_entries(row_pairs(grid, l, 24), rng.integers(0, 12, (m, l))) is None
+               for _ in range(3))
+
+
 def _spoiled(plans, dtype):
     """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
     mixed in (every fourth plan keeps its values)."""
@@ -303,8 +349,11 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
         assert isinstance(got.layer_stability, np.ndarray)
         chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
                                     rtol=1e-5, atol=1e-6)
-    assert [t is not None for t in taken] == [True, True, False]
-    entries = taken[1][0]
+        lean = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans), layer_stability=False)
+        assert lean.layer_stability is None
+        chex.assert_trees_all_equal(lean.replace(layer_stability=got.layer_stability), got)
+    assert [t is not None for t in taken] == [True, True, True, True, False, False]  # 2 each
+    entries = taken[2][0]
     assert (entries != 0).sum(axis=1)[0] == (entries != 0).sum(axis=1)[1] + 4  # 4 more pairs
 
 
@@ -351,6 +400,10 @@ def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):
         huge = jax.tree.map(lambda x: x.astype(np.int64), spoiled[0])
         i = int(np.argmax(huge.gpus > 0))
         huge.micro_batch[i] = 2**32 + 1  # 1 in int32
+        with pytest.raises(ValueError, match=rf"plan.micro_batch\[{i}\].*exceeds"):
+            lj.evaluate(sc, huge)
+        huge = jax.tree.map(lambda x: x.astype(np.int32), huge)  # no wrap: the program's rules
+        huge.micro_batch[i] = 2**30
         with pytest.raises(ValueError, match=rf"plan.micro_batch\[{i}\].*exceeds"):
             lj.evaluate(sc, huge)
     absent = int(np.argmin(np.asarray(sc.present)))

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import weakref
@@ -28,7 +29,7 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety, stability
 from libratio_jax.physics.memory import tenant_memory
-from libratio_jax.physics.packing import pack, unpack
+from libratio_jax.physics.packing import leaf_reader, pack, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
     INT_LIMIT,
@@ -91,6 +92,9 @@ class Metrics:
     power_over_cap: jnp.ndarray
     plan_valid: jnp.ndarray  # [..., M] every field in its domain (physics.plan.sanitize_plan)
 
+
+_METRICS_FIELDS = len(dataclasses.fields(Metrics))
+_LAYER_STABILITY = [f.name for f in dataclasses.fields(Metrics)].index("layer_stability")
 
 _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes_per_second",
                 "network_bytes_per_second", "gpus_per_node", "tdp_watts", "idle_watts",
@@ -370,7 +374,7 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     # 108-110 -> 96-107 µs).
     pack_outputs = (packed_plan and not batch_shape and jax.default_backend() == "cpu"
                     and _inline_dispatch())
-    outputs: list = []  # the packed outputs' layout, set when the program is traced
+    outputs: list = []  # the packed outputs' layout (set when traced), then its reader
 
     def run(scenario, plan):
         if scenario_layout is not None:
@@ -395,7 +399,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
         if outputs and outputs[0] != layout:  # (m, l, n_pools) fix the shapes: cannot happen
             raise RuntimeError("evaluate: a retrace changed the packed outputs' layout")
-        outputs[:] = [layout]
+        if not outputs:  # (read back field by field in ``call``)
+            assert len(layout[1]) == _METRICS_FIELDS - (not layer_stability) + check_rules
+            outputs.append(layout)
         return arrays
 
     program = jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
@@ -404,7 +410,14 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 
     def call(scenario, plan):
         arrays = program(scenario, plan)
-        return unpack(outputs[0], [np.asarray(a) for a in arrays])
+        if len(outputs) == 1:  # traced: its reader, once
+            outputs.append(leaf_reader(outputs[0]))
+        leaves = outputs[1]([np.asarray(a) for a in arrays])
+        # Metrics made directly (its fields in order): unflattening the tree costs ~3x more
+        if not layer_stability:
+            leaves.insert(_LAYER_STABILITY, None)
+        out = Metrics(*leaves[:_METRICS_FIELDS])
+        return (out, leaves[-1]) if check_rules else out
 
     call.lower = program.lower
     return call
@@ -417,7 +430,7 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 # scenario keeps to it.
 SEQUENTIAL_BUFFER_BYTES = 512
 _SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | args[,
-#                            rowclasses.row_pairs, None if coarse])
+#                            rowclasses.row_pairs (None if coarse), {key: one plan's program}])
 
 
 def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
@@ -435,8 +448,9 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
         args = _packed_scenario(scenario)
         if args is not None:
             grid = scenario.row_classes
+            m = scenario.num_tenants
             _SCENARIO_ARGS[key] = (kept[0], args, None if grid is None else
-                                   row_pairs(grid, scenario.num_layers))
+                                   row_pairs(grid, scenario.num_layers, entry_capacity(m)), {})
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
@@ -574,33 +588,52 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: 
     the scenario is coarse, a tenant uses more pairs than fit beside the plan's fields in one
     such buffer (e.g. formats drawn per row at random), or the sanitizer refuses a tenant (the
     rows say what its rows score). ``None`` (the caller validates on the host) when an
-    integer field is not a NumPy array or lies beyond ``INT_LIMIT`` (int32 would wrap it)."""
+    integer field is not a NumPy array, or is of a type wider than int32 (which packing as
+    int32 could wrap) and holds a value beyond ``INT_LIMIT``."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in ints):
         return None
-    ints = np.array(ints, np.int64)
-    if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
-        return None
-    kept = _SCENARIO_ARGS[id(scenario)]
-    layout, pairs = kept[1][0], kept[2]
+    if not all(x.dtype in _NO_WRAP for x in ints):  # int64 & co. may wrap as int32
+        ints = np.array(ints, np.int64)
+        if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
+            return None
+    _, (layout, _), pairs, programs = _SCENARIO_ARGS[id(scenario)]
     m, l = plan.precision.shape
-    capacity = entry_capacity(m)
-    compact = (compact_entries(pairs, plan.precision, capacity)
-               if pairs is not None and capacity > 0 else None)
+    compact = (compact_entries(pairs, plan.precision)
+               if pairs is not None and pairs.capacity > 0 else None)
     if compact is not None:
-        program = _program((), m, l, n_pools, layout, True, layer_stability, capacity, True)
+        program = _host_program(programs, m, l, n_pools, layout, layer_stability,
+                                pairs.capacity)
         out, broken = program(scenario_args, _plan_vector(compact[0], ints))
         if broken:
             validate_plan(scenario, plan)  # raises, naming the field
-        if np.all(out.plan_valid):
+        if out.plan_valid.all():
             if layer_stability:  # spread over the rows
                 rows = out.layer_stability.reshape(-1).take(compact[1])
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", rows)
             return out
-    program = _program((), m, l, n_pools, layout, True, layer_stability, 0, True)
+    program = _host_program(programs, m, l, n_pools, layout, layer_stability, 0)
     out, broken = program(scenario_args, _plan_vector(plan.precision, ints))
     if broken:
         validate_plan(scenario, plan)
     return out
+
+
+def _host_program(programs: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
+                  capacity: int):
+    """:func:`_program` of one host plan with its rules, kept in the scenario's ``programs``
+    (looking it up by its arguments would hash the scenario's layout, ~2 µs a call)."""
+    key = (m, l, n_pools, layer_stability, capacity)
+    program = programs.get(key)
+    if program is None:
+        program = programs[key] = _program((), m, l, n_pools, layout, True, layer_stability,
+                                           capacity, True)
+    return program
+
+
+# Integer dtypes whose every value packs into int32 unchanged (validated plans hold integers):
+# for them the rules checked in the program see the plan's own values.
+_NO_WRAP = frozenset(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.uint8,
+                                           np.uint16))

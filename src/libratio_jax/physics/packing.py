@@ -62,3 +62,40 @@ def unpack(layout: tuple, arrays: Sequence):
     treedef, where = layout
     return jax.tree.unflatten(treedef, [
         arrays[g][start:start + math.prod(shape)].reshape(shape) for g, start, shape in where])
+
+
+def leaf_reader(layout: tuple):
+    """A function of :func:`pack`'s host arrays (NumPy, no batch axes) to the leaves of its
+    ``layout`` (views, in the tree's order: ``jax.tree.unflatten(layout[0], leaves)`` is
+    :func:`unpack`). Consecutive leaves of one shape are cut from their array as one block,
+    which is what one small call's outputs mostly are (``lj.evaluate`` on one plan reads 30
+    leaves in about 15 steps).
+
+    Example:
+        >>> layout, arrays = pack({"a": np.ones(2, np.float32), "b": np.zeros(2, np.float32)})
+        >>> [x.tolist() for x in leaf_reader(layout)(arrays)]
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
+    runs: list[list] = []  # [array, start, stop, shape, leaves]
+    for g, start, shape in layout[1]:
+        size = math.prod(shape)
+        last = runs[-1] if runs else None
+        if last and shape and (last[0], last[2], last[3]) == (g, start, shape):
+            last[2] += size
+            last[4] += 1
+        else:
+            runs.append([g, start, start + size, shape, 1])
+    steps = tuple((g, slice(start, stop), (k,) + shape if k > 1 else shape, k > 1)
+                  for g, start, stop, shape, k in runs)
+
+    def read(arrays: Sequence[np.ndarray]) -> list:
+        leaves: list = []
+        for g, cut, shape, several in steps:
+            block = arrays[g][cut].reshape(shape)
+            if several:
+                leaves.extend(block)  # views along the first axis
+            else:
+                leaves.append(block)
+        return leaves
+
+    return read
