@@ -582,8 +582,8 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: 
     resolution by its (class, format) entries (:func:`evaluate_entries`). Those make a
     program of buffers of at most ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially,
     like a coarse plan's, rather than the rows' program, which it runs concurrently
-    (docs/performance.md; measured on 2 cores, a plan with a format per layer kind: ~150-180
-    against ~270-295 µs a call; with asynchronous dispatch it gained nothing, since the host
+    (docs/performance.md; measured on 2 cores, a plan with a format per layer kind: ~110-130
+    against ~290-320 µs a call; with asynchronous dispatch it gained nothing, since the host
     must wait for the result to spread ``layer_stability``). The rows' program instead when
     the scenario is coarse, a tenant uses more pairs than fit beside the plan's fields in one
     such buffer (e.g. formats drawn per row at random), or the sanitizer refuses a tenant (the
