@@ -68,6 +68,31 @@ def test_wrong_shapes(sc):
         lj.evaluate("scenario", p)
 
 
+@pytest.mark.parametrize("dtype", ["<i2", ">i4", ">i8", "<u1", ">u2", "<i8"])
+def test_format_ids_are_checked_in_any_integer_dtype(sc, dtype):
+    """``validate_plan`` checks format ids with one reduction (ids read as unsigned): in
+    every width, signedness and byte order, ids in [0, 12) pass and evaluate as int32 ids
+    do, and -1 or 12 are refused."""
+    import jax
+
+    from libratio_jax.physics.plan import validate_plan
+
+    p = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))  # host: packed
+    prec = np.asarray(sample_plans(sc, 1, seed=3, per_layer=True).precision)[0]
+    validate_plan(sc, p.replace(precision=prec.astype(dtype)))
+    want = lj.evaluate(sc, p.replace(precision=prec.astype(np.int32))).tokens_per_second
+    got = lj.evaluate(sc, p.replace(precision=prec.astype(dtype))).tokens_per_second
+    np.testing.assert_array_equal(got, want)
+    if dtype == ">i4":  # with a device field the plan travels unpacked: made native first
+        mixed = p.replace(precision=prec.astype(dtype), gpus=jax.numpy.asarray(p.gpus))
+        np.testing.assert_array_equal(lj.evaluate(sc, mixed).tokens_per_second, want)
+    for bad in (-1, 12) if dtype[1] == "i" else (12,):
+        spoiled = prec.astype(dtype)
+        spoiled[1, 7] = bad
+        with pytest.raises(ValueError, match="format ids must lie"):
+            validate_plan(sc, p.replace(precision=spoiled))
+
+
 def test_pp_exceeding_blocks():
     sc = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant("tiny-llama")])
     with pytest.raises(ValueError, match="pp exceeds"):

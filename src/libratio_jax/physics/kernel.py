@@ -399,8 +399,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
         if outputs and outputs[0] != layout:  # (m, l, n_pools) fix the shapes: cannot happen
             raise RuntimeError("evaluate: a retrace changed the packed outputs' layout")
-        if not outputs:  # (read back field by field in ``call``)
-            assert len(layout[1]) == _METRICS_FIELDS - (not layer_stability) + check_rules
+        if not outputs:  # read back field by field in ``call``: Metrics, then ``broken``
+            if len(layout[1]) != _METRICS_FIELDS - (not layer_stability) + check_rules:
+                raise RuntimeError("evaluate: unexpected packed outputs")
             outputs.append(layout)
         return arrays
 
@@ -564,7 +565,18 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
                        bool(layer_stability))
-    return program(scenario_args, plan if packed_plan is None else packed_plan)
+    return program(scenario_args, _native(plan) if packed_plan is None else packed_plan)
+
+
+def _native(plan: Plan) -> Plan:
+    """The plan with its host arrays of non-native byte order (e.g. read from a big-endian
+    file) in native order: JAX takes no others (packing converts them anyway)."""
+    fixes = {}
+    for name in ("precision",) + INT_FIELDS:
+        x = getattr(plan, name)
+        if isinstance(x, np.ndarray) and not x.dtype.isnative:
+            fixes[name] = x.astype(x.dtype.newbyteorder("="))
+    return plan.replace(**fixes) if fixes else plan
 
 
 def entry_capacity(num_tenants: int) -> int:

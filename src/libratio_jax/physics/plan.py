@@ -368,8 +368,9 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
         raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
     if prec.dtype.kind not in "iu":
         raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
-    # One reduction for both bounds: a negative id read as unsigned is beyond every format.
-    if prec.size and prec.view(f"u{prec.itemsize}").max() >= F.NUM_FORMATS:
+    # One reduction for both bounds: a negative id read as unsigned (same width and byte
+    # order) is beyond every format.
+    if prec.size and prec.view(prec.dtype.str.replace("i", "u")).max() >= F.NUM_FORMATS:
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
     for name, x in zip(_INT_FIELDS, xs, strict=True):
