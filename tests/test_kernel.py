@@ -46,11 +46,16 @@ def _scenarios():
 def test_parity_with_python_reference(idx, n):
     sc = _scenarios()[idx]
     plans = sample_plans(sc, n, seed=idx, per_layer=(idx != 1))
-    got = lj.evaluate(sc, plans)
-    for leaf in jax.tree.leaves(got):  # finite, and the same plans give the same metrics
+    got = lj.evaluate(sc, plans)  # first sight of ``sc``: it travels as it is
+    for leaf in jax.tree.leaves(got):
         assert np.all(np.isfinite(np.asarray(leaf, np.float64)))
-    chex.assert_trees_all_equal(got, lj.evaluate(sc, sample_plans(sc, n, seed=idx,
-                                                                  per_layer=(idx != 1))))
+    # The same plans give the same metrics: from the second call on the scenario travels
+    # packed (another program: the same up to float rounding), and that program is
+    # deterministic, bit for bit.
+    again = [lj.evaluate(sc, sample_plans(sc, n, seed=idx, per_layer=(idx != 1)))
+             for _ in range(2)]
+    chex.assert_trees_all_close(again[0], got, rtol=1e-6)
+    chex.assert_trees_all_equal(again[0], again[1])
     scp = R.scenario_to_python(sc)
     for b in range(n):
         ref = R.evaluate(scp, R.plan_to_python(plans, b))
