@@ -93,6 +93,32 @@ def test_format_ids_are_checked_in_any_integer_dtype(sc, dtype):
             validate_plan(sc, p.replace(precision=spoiled))
 
 
+@pytest.mark.parametrize("dtype", ["<i8", ">i8", "<u8"])
+def test_unvalidated_wide_integers_are_not_wrapped(sc, dtype):
+    """``validate=False`` refuses nothing: a host value beyond int32 (which JAX without x64
+    would wrap, ``2**32 + 2`` read as 2) is evaluated out of its domain, its tenant invalid and
+    idle, never scored as the in-domain value it would wrap to; the other tenants and plans
+    are unchanged."""
+    import jax
+
+    one = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
+    plans = jax.tree.map(lambda x: np.stack([x, x]).astype(dtype), one)
+    want = lj.evaluate(sc, plans, validate=False)
+    assert want.plan_valid.all()
+    for field in ("precision", "gpus", "tp", "micro_batch", "kv_precision"):
+        x = getattr(plans, field).copy()
+        x[(1, 0, 5) if field == "precision" else (1, 0)] += 2**32
+        bad = plans.replace(**{field: x})
+        got = lj.evaluate(sc, bad, validate=False)
+        np.testing.assert_array_equal(got.plan_valid, [[True] * 4, [False] + [True] * 3],
+                                      err_msg=field)
+        assert got.tokens_per_second[1, 0] == 0.0 and got.memory_bytes[1, 0] == 0.0
+        np.testing.assert_array_equal(got.tokens_per_second[:, 1:],
+                                      want.tokens_per_second[:, 1:])
+        with pytest.raises(ValueError, match=field if field != "precision" else "format ids"):
+            lj.evaluate(sc, bad)
+
+
 def test_pp_exceeding_blocks():
     sc = lj.Scenario.build(lj.ClusterSpec.uniform("H100-SXM", 8), [lj.Tenant("tiny-llama")])
     with pytest.raises(ValueError, match="pp exceeds"):

@@ -66,6 +66,14 @@ def test_sharded_on_the_default_devices_and_errors():
     a, b = evaluate_sharded(sc, plans), lj.evaluate(sc, plans)
     np.testing.assert_allclose(a.tokens_per_second, b.tokens_per_second, rtol=2e-6)
     assert batch_mesh().devices.size == jax.local_device_count()
+    # validate=False: a host value beyond int32 is out of its domain, not wrapped into it
+    wide = jax.tree.map(lambda x: np.asarray(x, np.int64), plans)
+    gpus = wide.gpus.copy()
+    gpus[3, 1] += 2**32
+    got = evaluate_sharded(sc, wide.replace(gpus=gpus), validate=False)
+    want = np.asarray(b.plan_valid).copy()
+    want[3, 1] = False
+    np.testing.assert_array_equal(got.plan_valid, want)
     with pytest.raises(ValueError, match="one batch axis"):
         evaluate_sharded(sc, jax.tree.map(lambda x: x[0], plans))
     bad = plans.replace(gpus=plans.gpus.at[0, 0].set(10_000))

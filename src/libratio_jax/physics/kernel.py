@@ -530,11 +530,13 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     """Evaluate a plan or a batch of plans (any leading axes) on a scenario.
 
     Validates concrete inputs first (ValueError naming the field); inside a trace the
-    validation is skipped and the pure function is used directly. A batch at full resolution
-    (``scenario.row_classes`` set) is summed by format counts per row class
-    (``physics.rowclasses``); ``layer_stability=False`` skips the one per-row output
-    (``Metrics.layer_stability`` is then None), which is most of what such a batch costs
-    beyond reading its rows.
+    validation is skipped and the pure function is used directly. With ``validate=False`` an
+    out-of-domain plan is not refused but evaluated as its sanitizer says (its tenants idle,
+    ``plan_valid`` False), host integers beyond int32 included (they are not wrapped). A
+    batch at full resolution (``scenario.row_classes`` set) is summed by format counts per
+    row class (``physics.rowclasses``); ``layer_stability=False`` skips the one per-row
+    output (``Metrics.layer_stability`` is then None), which is most of what such a batch
+    costs beyond reading its rows.
     """
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
@@ -565,16 +567,25 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
                        bool(layer_stability))
-    return program(scenario_args, _native(plan) if packed_plan is None else packed_plan)
+    return program(scenario_args, jax_ready_plan(plan) if packed_plan is None else packed_plan)
 
 
-def _native(plan: Plan) -> Plan:
-    """The plan with its host arrays of non-native byte order (e.g. read from a big-endian
-    file) in native order: JAX takes no others (packing converts them anyway)."""
+def jax_ready_plan(plan: Plan) -> Plan:
+    """The plan's host arrays as JAX takes them unchanged: integers of types wider than int32
+    (which JAX, without x64, would wrap: ``2**32 + 4`` read as 4) as int32, each value beyond
+    ``INT_LIMIT`` clipped to ``INT_LIMIT + 1`` with its sign, so a value out of its domain
+    stays out of it (the sanitizer flags the tenant); non-native byte order (e.g. read from a
+    big-endian file) made native, which is all JAX takes."""
     fixes = {}
     for name in ("precision",) + INT_FIELDS:
         x = getattr(plan, name)
-        if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        if not isinstance(x, np.ndarray):
+            continue
+        if x.dtype.kind in "iu" and x.dtype not in _NO_WRAP:
+            bound = INT_LIMIT + 1
+            x = (np.minimum(x, bound) if x.dtype.kind == "u" else np.clip(x, -bound, bound))
+            fixes[name] = x.astype(np.int32)
+        elif not x.dtype.isnative:
             fixes[name] = x.astype(x.dtype.newbyteorder("="))
     return plan.replace(**fixes) if fixes else plan
 

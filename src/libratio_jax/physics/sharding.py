@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from libratio_jax.physics.kernel import Metrics, evaluate_batch
+from libratio_jax.physics.kernel import Metrics, evaluate_batch, jax_ready_plan
 from libratio_jax.physics.plan import Plan, validate_plan
 from libratio_jax.physics.scenario import Scenario
 
@@ -75,7 +75,7 @@ def evaluate_sharded(scenario: Scenario, plan: Plan, *, mesh: Mesh | None = None
                      validate: bool = True, layer_stability: bool = True) -> Metrics:
     """:func:`~libratio_jax.evaluate` of plans ``[B, ...]`` split over the devices of ``mesh``
     (default: :func:`batch_mesh` of every local device). Same values as ``lj.evaluate``
-    (``layer_stability`` as there)."""
+    (``validate`` and ``layer_stability`` as there)."""
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
     if not isinstance(plan, Plan):
@@ -86,7 +86,7 @@ def evaluate_sharded(scenario: Scenario, plan: Plan, *, mesh: Mesh | None = None
     if validate:
         validate_plan(scenario, plan)
     mesh = batch_mesh() if mesh is None else mesh
-    plans, b = shard_plans(plan, mesh)
+    plans, b = shard_plans(jax_ready_plan(plan), mesh)  # host integers beyond int32 unwrapped
     scenario = jax.device_put(scenario, NamedSharding(mesh, P()))
     out = sharded_evaluate_batch(mesh, bool(layer_stability))(scenario, plans)
     return out if out.fits.shape[0] == b else jax.tree.map(lambda x: x[:b], out)
