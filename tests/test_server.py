@@ -332,3 +332,19 @@ def test_module_app_for_uvicorn_and_manifests(monkeypatch):
     assert {"/health", "/fleet/reset", "/ws"} <= {getattr(r, "path", None) for r in app.routes}
     with pytest.raises(AttributeError):
         A.nothing_here  # noqa: B018
+
+
+def test_idle_sessions_are_reaped_without_requests():
+    """The server's lifespan runs the reaper: a /fleet session left idle past
+    ``--idle-timeout`` is closed although no request comes to look it up."""
+    import time
+
+    with _server("--idle-timeout", "1") as url:
+        h = {"X-Session-Id": "idle"}
+        post(url + "/fleet/reset", json={"task_id": "fleet_precision", "seed": 0}, headers=h)
+        assert get(url + "/health").json()["fleet_sessions"] == 1
+        deadline = time.monotonic() + 30.0
+        while get(url + "/health").json()["fleet_sessions"] and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert get(url + "/health").json()["fleet_sessions"] == 0
+        assert post(url + "/fleet/state", headers=h).status_code == 404

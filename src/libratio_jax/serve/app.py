@@ -22,6 +22,7 @@ Every refusal is a 4xx with a JSON ``{"detail": message}`` naming the problem; b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -231,20 +232,27 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
                 "current_scenario_id": st.seed, "step_number": st.step_count,
                 "is_done": st.done, "history": sessions.history(sid)}
 
-    @app.on_event("startup")
     async def reap_idle():
-        async def loop():
-            while True:
-                await asyncio.sleep(max(1.0, (idle_seconds or 60.0) / 4))
-                sessions.evict_idle()
+        while True:
+            await asyncio.sleep(max(1.0, (idle_seconds or 60.0) / 4))
+            sessions.evict_idle()
 
-        if idle_seconds is not None:
-            app.state.reaper = asyncio.get_running_loop().create_task(loop())
+    inner = app.router.lifespan_context  # OpenEnv's (Starlette's default: its handlers)
 
-    @app.on_event("shutdown")
-    async def close():
-        hub.close()
+    @contextlib.asynccontextmanager
+    async def lifespan(app_):
+        """Idle sessions reaped while the server runs; the hub closed when it stops."""
+        async with inner(app_) as state:
+            if idle_seconds is not None:
+                app.state.reaper = asyncio.get_running_loop().create_task(reap_idle())
+            try:
+                yield state
+            finally:
+                if idle_seconds is not None:
+                    app.state.reaper.cancel()
+                hub.close()
 
+    app.router.lifespan_context = lifespan
     return app
 
 
