@@ -9,7 +9,14 @@ from libratio_jax.physics.plan import sample_plans
 
 @pytest.fixture(scope="module")
 def sc():
-    return lj.reference_scenario()
+    """The reference scenario, already packed (as from its second ``lj.evaluate`` call on):
+    every call of every test, whatever ran before it in this process, runs the same program,
+    so results compare bit for bit."""
+    from libratio_jax.physics.kernel import _scenario_args
+
+    out = lj.reference_scenario()
+    _scenario_args(out), _scenario_args(out)
+    return out
 
 
 def test_readable_choices_expand_to_rows(sc):
@@ -117,6 +124,30 @@ def test_unvalidated_wide_integers_are_not_wrapped(sc, dtype):
                                       want.tokens_per_second[:, 1:])
         with pytest.raises(ValueError, match=field if field != "precision" else "format ids"):
             lj.evaluate(sc, bad)
+
+
+def test_unvalidated_scalars_lists_and_floats_are_not_wrapped(sc):
+    """``validate=False`` with fields that are not arrays (NumPy scalars, lists of them),
+    uint32 beyond int32, or float64 values float32 would round to whole numbers: out of the
+    domain, never read as the in-domain value they would become; not numbers: ValueError
+    naming the field."""
+    import jax
+
+    one = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
+    want = lj.evaluate(sc, one, validate=False)
+    assert want.plan_valid.all()
+    wrapped = {"gpus": [np.int64(2**32 + 2), 2, 2, 2], "tp": [2**32 + 1, 1, 1, 1],
+               "pp": np.array([2**31 + 1, 1, 1, 1], np.uint32),
+               "micro_batch": [2.0 + 1e-9, 1.0, 1.0, 1.0], "pool": [np.uint64(2**32), 0, 0, 0]}
+    for field, value in wrapped.items():
+        got = lj.evaluate(sc, one.replace(**{field: value}), validate=False)
+        np.testing.assert_array_equal(got.plan_valid, [False, True, True, True], err_msg=field)
+        assert got.tokens_per_second[0] == 0.0
+        np.testing.assert_array_equal(got.tokens_per_second[1:], want.tokens_per_second[1:])
+    scalar = one.replace(gpus=np.int64(2**32 + 2))  # one scalar for every tenant
+    assert not lj.evaluate(sc, scalar, validate=False).plan_valid.any()
+    with pytest.raises(ValueError, match="plan.gpus must hold numbers"):
+        lj.evaluate(sc, one.replace(gpus=[2**70, 2, 2, 2]), validate=False)
 
 
 def test_pp_exceeding_blocks():

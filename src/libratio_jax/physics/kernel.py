@@ -571,22 +571,39 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
 
 
 def jax_ready_plan(plan: Plan) -> Plan:
-    """The plan's host arrays as JAX takes them unchanged: integers of types wider than int32
-    (which JAX, without x64, would wrap: ``2**32 + 4`` read as 4) as int32, each value beyond
-    ``INT_LIMIT`` clipped to ``INT_LIMIT + 1`` with its sign, so a value out of its domain
-    stays out of it (the sanitizer flags the tenant); non-native byte order (e.g. read from a
-    big-endian file) made native, which is all JAX takes."""
-    fixes = {}
+    """The plan's host values as JAX takes them without changing their meaning, for a plan
+    that was not validated: NumPy scalars and lists become arrays (ValueError naming the
+    field for what is not numbers); integers of types wider than int32 (which JAX, without
+    x64, would wrap: ``2**32 + 4`` read as 4) become int32, each value beyond ``INT_LIMIT``
+    clipped to ``INT_LIMIT + 1`` with its sign, so a value out of its domain stays out of it
+    (the sanitizer flags the tenant); float64 values that are not whole numbers become NaN
+    (float32 would round ``2 + 1e-9`` to 2), clipped likewise; non-native byte order (e.g.
+    read from a big-endian file) is made native, which is all JAX takes."""
+    bound = INT_LIMIT + 1
+    fixes, wide = {}, []
     for name in ("precision",) + INT_FIELDS:
         x = getattr(plan, name)
-        if not isinstance(x, np.ndarray):
+        if isinstance(x, jax.Array):
             continue
+        if not isinstance(x, np.ndarray):
+            x = fixes[name] = np.asarray(x)
         if x.dtype.kind in "iu" and x.dtype not in _NO_WRAP:
-            bound = INT_LIMIT + 1
-            x = (np.minimum(x, bound) if x.dtype.kind == "u" else np.clip(x, -bound, bound))
-            fixes[name] = x.astype(np.int32)
+            wide.append((name, x))
+        elif x.dtype.kind == "f" and x.dtype.itemsize > 4:
+            x = np.where(np.trunc(x) == x, x, np.nan)
+            fixes[name] = np.clip(x, -bound, bound).astype(np.float32)
+        elif x.dtype.kind not in "iubf":
+            raise ValueError(f"plan.{name} must hold numbers, got dtype {x.dtype}")
         elif not x.dtype.isnative:
             fixes[name] = x.astype(x.dtype.newbyteorder("="))
+    if wide:  # one bounds check for them all (int32 is what JAX would make of them anyway)
+        # (an unsigned value beyond int64 reads as negative here: out of every domain too)
+        v = np.concatenate([x.ravel() for _, x in wide], dtype=np.int64, casting="unsafe")
+        clip = v.size and (v.max() > bound or v.min() < -bound)
+        for name, x in wide:
+            if clip:
+                x = np.minimum(x, bound) if x.dtype.kind == "u" else np.clip(x, -bound, bound)
+            fixes[name] = x.astype(np.int32)
     return plan.replace(**fixes) if fixes else plan
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -235,22 +236,30 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
     async def reap_idle():
         while True:
             await asyncio.sleep(max(1.0, (idle_seconds or 60.0) / 4))
-            sessions.evict_idle()
+            try:
+                sessions.evict_idle()
+            except Exception:  # noqa: BLE001 - one failed pass must not stop the reaping
+                logging.getLogger(__name__).exception("evicting idle sessions failed")
 
     inner = app.router.lifespan_context  # OpenEnv's (Starlette's default: its handlers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app_):
-        """Idle sessions reaped while the server runs; the hub closed when it stops."""
-        async with inner(app_) as state:
-            if idle_seconds is not None:
-                app.state.reaper = asyncio.get_running_loop().create_task(reap_idle())
-            try:
-                yield state
-            finally:
-                if idle_seconds is not None:
-                    app.state.reaper.cancel()
-                hub.close()
+        """Idle sessions reaped while the server runs; the hub closed when it stops, after
+        OpenEnv's shutdown (which waits for its sessions' steps), also if startup failed."""
+        try:
+            async with inner(app_) as state:
+                reaper = (None if idle_seconds is None
+                          else asyncio.get_running_loop().create_task(reap_idle()))
+                try:
+                    yield state
+                finally:
+                    if reaper is not None:
+                        reaper.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await reaper
+        finally:
+            hub.close()
 
     app.router.lifespan_context = lifespan
     return app
