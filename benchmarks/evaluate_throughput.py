@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
+from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.testing import reference as R  # noqa: E402
 
@@ -91,13 +92,14 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
             print(json.dumps(rec), flush=True)
             out.append(rec)
     # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
-    # format) pairs: evaluated by its rows) and one with a format per layer kind, as a text
-    # plan gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries).
-    for per_row in modes:
+    # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
+    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), and that
+    # plan with its first and last two blocks in BF16 (up to 25 pairs).
+    for formats in PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]:
         trials = {False: [], True: []}
         for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
             for inline in (False, True):
-                trials[inline].append(single_call(block_groups, repeats, inline, per_row))
+                trials[inline].append(single_call(block_groups, repeats, inline, formats))
         for inline in (False, True):
             rec = min(trials[inline], key=lambda r: r["call_microseconds"])
             rec["processes"] = SINGLE_CALL_TRIALS
@@ -110,24 +112,41 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
 SINGLE_CALL_TRIALS = 3
 
 
-def single_call(block_groups, repeats: int, inline: bool, per_row: bool = True) -> dict:
+# The single-call plans: a format drawn per row, a format per layer kind, and that with the
+# first and last ``EDGE_BLOCKS`` blocks of every model in BF16.
+PLAN_FORMATS = ("per row", "per layer kind", "per layer kind, edge blocks in BF16")
+EDGE_BLOCKS = 2
+
+
+def single_call(block_groups, repeats: int, inline: bool, formats: str = "per row") -> dict:
     """``evaluate_single_call`` of one resolution, measured in a fresh process (JAX reads the
     dispatch mode when its backend starts): with JAX's default asynchronous CPU dispatch, or
-    ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses); on a plan with a
-    format drawn per row (``per_row``) or per layer kind."""
+    ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses); on a plan of
+    ``formats`` (one of ``PLAN_FORMATS``)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--single-call", str(block_groups or 0),
-           "--repeats", str(repeats)] + (["--inline"] if inline else []) + (
-               [] if per_row else ["--per-kind"])
+           "--repeats", str(repeats), "--formats", str(PLAN_FORMATS.index(formats))] + (
+               ["--inline"] if inline else [])
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _single_call_here(block_groups, repeats: int, inline: bool, per_row: bool) -> dict:
+def single_plan(sc, formats: str) -> lj.Plan:
+    """One valid host plan of ``formats`` (``PLAN_FORMATS``) on ``sc``."""
+    one = jax.tree.map(lambda x: np.asarray(x)[0],
+                       sample_plans(sc, 1, seed=0, per_layer=formats == PLAN_FORMATS[0]))
+    if formats != PLAN_FORMATS[2]:
+        return one
+    block = np.asarray(sc.models.block)
+    last = np.asarray(sc.models.n_blocks)[:, None] - EDGE_BLOCKS
+    edge = (block >= 0) & ((block < EDGE_BLOCKS) | (block >= last))
+    return one.replace(precision=np.where(edge, F.BF16, one.precision).astype(np.int32))
+
+
+def _single_call_here(block_groups, repeats: int, inline: bool, formats: str) -> dict:
     if inline:
         lj.inline_cpu_dispatch()
     sc = lj.reference_scenario(block_groups=block_groups)
-    one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(sc, 1, seed=0,
-                                                                per_layer=per_row))
+    one = single_plan(sc, formats)
     for _ in range(2):  # the scenario travels packed from its second call on
         _ready(lj.evaluate(sc, one))
     rounds = []
@@ -139,7 +158,7 @@ def _single_call_here(block_groups, repeats: int, inline: bool, per_row: bool) -
     return {"benchmark": "evaluate_single_call", "device_kind": jax.devices()[0].device_kind,
             "platform": jax.devices()[0].platform, "batch": 1, "layers": sc.num_layers,
             "block_groups": block_groups, "dispatch": "inline" if inline else "async",
-            "formats": "per row" if per_row else "per layer kind",
+            "formats": formats,
             "call_microseconds": round(1e6 * float(np.median(rounds)), 1),
             "program_kernels": program_kernels(sc, one)}
 
@@ -158,18 +177,22 @@ def program_kernels(sc, plan) -> int:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
     from libratio_jax.physics import kernel
-    from libratio_jax.physics.kernel import _pack_plan, _packed_scenario, _program
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
-    layout, args = _packed_scenario(sc)
     m, l = plan.precision.shape
-    capacity = kernel.entry_capacity(m)
     inline = kernel._inline_dispatch()  # as lj.evaluate: the plan's rules in the program
-    compact = (compact_entries(row_pairs(sc.row_classes, l, capacity), plan.precision)
+    ints = [getattr(plan, f) for f in kernel.INT_FIELDS]
+    compact = (compact_entries(row_pairs(sc.row_classes, l, kernel.entry_capacities(m)),
+                               plan.precision)
                if inline and sc.row_classes is not None else None)
-    program = _program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
-                       0 if compact is None else capacity, inline)
-    packed = _pack_plan(plan, None if compact is None else compact[0])
+    if compact is None:  # the rows' program
+        layout, args = kernel._packed_scenario(sc)
+        packed = kernel._plan_vector(plan.precision, ints)
+    else:  # by its (class, format) entries, on the scenario without its rows
+        layout, args = kernel._packed_scenario(kernel._without_rows(sc))
+        packed = (compact[0], kernel._int_vector(ints))
+    program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
+                              0 if compact is None else compact[0].shape[1], inline)
     text = program.lower(args, packed).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 
@@ -184,12 +207,12 @@ def main(argv=None) -> None:
     ap.add_argument("--reference-plans", type=int, default=50)
     ap.add_argument("--single-call", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--per-kind", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--formats", type=int, default=0, help=argparse.SUPPRESS)
     add_output_args(ap)
     args = ap.parse_args(argv)
     if args.single_call is not None:  # the child process of single_call
         print(json.dumps(_single_call_here(args.single_call or None, args.repeats,
-                                           args.inline, not args.per_kind)))
+                                           args.inline, PLAN_FORMATS[args.formats])))
         return
     records: list = []
     for g in args.block_groups:

@@ -232,10 +232,11 @@ def test_format_counts_equal_a_numpy_count(dtype):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int16])
 def test_compact_entries_against_a_python_count(dtype):
-    """One host plan's (class, format) entries against a plain-Python walk of its rows: each
-    tenant's entries are its used pairs in order with their row counts, every row's
-    ``row_entry`` points at its pair's entry (rows of no class at the tenant's last column),
-    and a tenant with more pairs than the capacity gives None."""
+    """One host plan's (class, format) entries against a plain-Python walk of its rows: in
+    the smallest capacity that holds them, each tenant's entries are its used pairs in order
+    with their row counts, every row's ``row_entry`` points at its pair's entry (rows of no
+    class one past the last entry), and a tenant with more pairs than the largest capacity
+    gives None."""
     from libratio_jax.physics.rowclasses import ENTRY_SHIFT, compact_entries, row_pairs
 
     sc = _mixed()
@@ -244,9 +245,10 @@ def test_compact_entries_against_a_python_count(dtype):
     row_class = {(t, int(grid[t, j, k])): j
                  for t, j, k in zip(*np.nonzero(grid < l), strict=True)}
     rng = np.random.default_rng(2)
-    verdicts = []
-    for capacity in (24, 40):
-        pairs = row_pairs(grid, l, capacity)
+    verdicts, chosen = [], set()
+    for capacities in ((24,), (40, 16)):
+        pairs = row_pairs(grid, l, capacities)
+        assert pairs.capacities == tuple(sorted(capacities))
         for trial in range(6):
             kinds = rng.integers(0, 12, size=(m, c))  # a format per class...
             prec = np.array([[kinds[t, row_class.get((t, r), 0)] for r in range(l)]
@@ -257,9 +259,11 @@ def test_compact_entries_against_a_python_count(dtype):
             verdicts.append(got is None)
             used = [sorted({(row_class[t, r], int(prec[t, r])) for r in range(l)
                             if (t, r) in row_class}) for t in range(m)]
-            if max(map(len, used)) > capacity:
+            if max(map(len, used)) > max(capacities):
                 assert got is None
                 continue
+            capacity = min(c for c in capacities if c >= max(map(len, used)))
+            chosen.add((capacities, capacity))
             entries, row_entry = got
             assert entries.shape == (m, capacity) and row_entry.shape == (m, l)
             for t in range(m):
@@ -268,10 +272,11 @@ def test_compact_entries_against_a_python_count(dtype):
                         for j, f in used[t]]
                 assert entries[t].tolist() == want + [0] * (capacity - len(want))
                 for r in range(l):
-                    k = (used[t].index((row_class[t, r], int(prec[t, r])))
-                         if (t, r) in row_class else capacity)
-                    assert row_entry[t, r] == t * (capacity + 1) + k
+                    assert row_entry[t, r] == (
+                        t * capacity + used[t].index((row_class[t, r], int(prec[t, r])))
+                        if (t, r) in row_class else m * capacity)
     assert 0 < sum(verdicts) < len(verdicts)  # both outcomes
+    assert {((40, 16), 16), ((40, 16), 40)} <= chosen  # and both capacities
     assert any(compact_entries(row_pairs(grid, l, 24), rng.integers(0, 12, (m, l))) is None
                for _ in range(3))
 
@@ -331,11 +336,14 @@ def _tiny_full_resolution(first=_TINY_MOE):
 
 def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
     """With inline CPU dispatch, one validated host plan at full resolution (from the
-    scenario's second call on) is evaluated by its (class, format) entries, with
-    ``layer_stability`` spread back over the rows: the metrics equal the rows' physics. A
-    plan whose tenant uses more pairs than fit (34 per tenant here) is evaluated by its rows."""
+    scenario's second call on) is evaluated by its (class, format) entries, in the program of
+    the smallest entry capacity that holds them, on the scenario without its rows (every
+    argument at most ``SEQUENTIAL_BUFFER_BYTES``), with ``layer_stability`` spread back over
+    the rows: the metrics equal the rows' physics. A plan whose tenant uses more pairs than
+    the largest capacity is evaluated by its rows."""
     # inline dispatch, forced (the backend is up): programs made while forced are dropped
     monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
+    monkeypatch.setattr(kernel, "entry_capacities", lambda m: (16, 24))
     kernel._program.cache_clear()
     request.addfinalizer(kernel._program.cache_clear)
     taken = []
@@ -343,13 +351,17 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
     monkeypatch.setattr(kernel, "compact_entries",
                         lambda *a: taken.append(compact(*a)) or taken[-1])
     sc = _tiny_full_resolution("tiny-llama")  # 39 rows in 12 classes per tenant
-    prec = np.array(sample_plans(sc, 3, seed=4, per_layer=False).precision)  # 12 pairs each
+    prec = np.array(sample_plans(sc, 4, seed=4, per_layer=False).precision)  # 12 pairs each
     prec[1, 0, 5:9] = [0, 4, 7, 11]  # a few rows of one tenant in other formats: 16 pairs
-    prec[2, 1] = np.arange(80) % 12  # every row of a class in another format: 39 pairs
-    plans = jax.tree.map(np.asarray, sample_plans(sc, 3, seed=4).replace(precision=prec))
+    prec[2, 1, 3:12] = (prec[2, 1, 3:12] + 1) % 12  # one block in other formats: 21 pairs
+    prec[3, 1] = np.arange(80) % 12  # every row of a class in another format: 39 pairs
+    plans = jax.tree.map(np.asarray, sample_plans(sc, 4, seed=4).replace(precision=prec))
     by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
     _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
-    for k in range(3):
+    layout, arrays = kernel._SCENARIO_ARGS[id(sc)][1].entry_args
+    assert max(a.nbytes for a in arrays) <= kernel.SEQUENTIAL_BUFFER_BYTES
+    assert len(arrays) < len(_scenario_args(sc)[1])
+    for k in range(4):
         got = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans))
         assert isinstance(got.layer_stability, np.ndarray)
         chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
@@ -357,9 +369,8 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
         lean = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans), layer_stability=False)
         assert lean.layer_stability is None
         chex.assert_trees_all_equal(lean.replace(layer_stability=got.layer_stability), got)
-    assert [t is not None for t in taken] == [True, True, True, True, False, False]  # 2 each
-    entries = taken[2][0]
-    assert (entries != 0).sum(axis=1)[0] == (entries != 0).sum(axis=1)[1] + 4  # 4 more pairs
+    # two calls each: by 16 entries, 16, 24, then by the rows
+    assert [None if t is None else t[0].shape[1] for t in taken] == [16] * 4 + [24] * 2 + [None] * 2
 
 
 def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):

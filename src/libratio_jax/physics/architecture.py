@@ -230,6 +230,12 @@ class ModelSpec:
         return out
 
 
+# The fields of ``ModelSpec`` that hold one value per row (``[..., L]``); the others are per
+# model.
+ROW_FIELDS = ("kind", "params", "flops_per_token", "in_dim", "out_dim", "gemm_instances",
+              "act_bytes_per_token", "block", "count", "valid")
+
+
 def _get(cfg: dict, *names, default=None):
     for n in names:
         if n in cfg and cfg[n] is not None:

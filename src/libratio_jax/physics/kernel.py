@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import math
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from flax import struct
 
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety, stability
+from libratio_jax.physics.architecture import ROW_FIELDS
 from libratio_jax.physics.memory import tenant_memory
 from libratio_jax.physics.packing import leaf_reader, pack, unpack
 from libratio_jax.physics.plan import (
@@ -42,6 +43,7 @@ from libratio_jax.physics.plan import (
 )
 from libratio_jax.physics.rowclasses import (
     ENTRY_SHIFT,
+    RowPairs,
     class_model,
     compact_entries,
     entry_model,
@@ -364,8 +366,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     plan also comes back packed (a few arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead
     of 29, about 1 µs each) and is unpacked into NumPy views on the host: the outputs'
     shapes follow from ``(batch_shape, m, l, n_pools)``, so every trace of the program has
-    the same packed layout. ``entry_capacity``: one packed plan whose formats are its
-    ``[m, entry_capacity]`` entries (:func:`evaluate_entries`) in place of its rows.
+    the same packed layout. ``entry_capacity``: one plan as its ``[m, entry_capacity]``
+    (class, format) entries (:func:`evaluate_entries`) and its integer fields
+    ``int32[8 * m]``, two arrays, with ``layer_stability`` per entry.
     ``check_rules``: one plan, returned with whether it breaks a rule of ``validate_plan``
     (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
     n = math.prod(batch_shape)
@@ -379,17 +382,18 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     def run(scenario, plan):
         if scenario_layout is not None:
             scenario = unpack(scenario_layout, scenario)
-        if packed_plan:
-            rows = entry_capacity or l
-            ints = plan[n * m * rows:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
-            plan = Plan(precision=plan[:n * m * rows].reshape(batch_shape + (m, rows)),
+        if entry_capacity:  # (entries [m, capacity], int fields [8 * m]): two buffers
+            entries, ints = plan
+            ints = ints.reshape(len(INT_FIELDS), m)
+            plan = Plan(precision=entries, **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
+        elif packed_plan:
+            ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
+            plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
                         **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
         if entry_capacity:
-            out = evaluate_entries(scenario, plan, plan.precision)
-            per_entry = out.layer_stability  # [m, capacity] + a column of 1 (rows of no class)
-            out = out.replace(layer_stability=jnp.concatenate(
-                [per_entry, jnp.ones_like(per_entry[:, :1])], axis=1) if layer_stability
-                else None)
+            out = evaluate_entries(scenario, plan, plan.precision)  # layer_stability per entry
+            if not layer_stability:
+                out = out.replace(layer_stability=None)
         else:
             out = _run(batch_shape, scenario, plan, layer_stability)
         if check_rules:
@@ -430,8 +434,18 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 # which costs a small program more than it saves on two cores (docs/performance.md). A packed
 # scenario keeps to it.
 SEQUENTIAL_BUFFER_BYTES = 512
-_SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | args[,
-#                            rowclasses.row_pairs (None if coarse), {key: one plan's program}])
+
+
+class _Packed(NamedTuple):
+    """What :func:`_scenario_args` keeps per scenario object from its second call on."""
+
+    args: tuple  # (layout, device arrays): the scenario packed (``_packed_scenario``)
+    pairs: RowPairs | None  # ``rowclasses.row_pairs`` of a full-resolution scenario
+    entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
+    programs: dict  # one host plan's programs (``_host_program``)
+
+
+_SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | _Packed)
 
 
 def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
@@ -445,13 +459,14 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
     kept = _SCENARIO_ARGS.get(key)
     if kept is not None and kept[0]() is scenario:
         if kept[1] is not None:
-            return kept[1]
+            return kept[1].args
         args = _packed_scenario(scenario)
         if args is not None:
             grid = scenario.row_classes
-            m = scenario.num_tenants
-            _SCENARIO_ARGS[key] = (kept[0], args, None if grid is None else
-                                   row_pairs(grid, scenario.num_layers, entry_capacity(m)), {})
+            _SCENARIO_ARGS[key] = (kept[0], _Packed(
+                args, None if grid is None else
+                row_pairs(grid, scenario.num_layers, entry_capacities(scenario.num_tenants)),
+                None if grid is None else _packed_scenario(_without_rows(scenario)), {}))
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
@@ -462,6 +477,16 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
         return None, scenario
     _SCENARIO_ARGS[key] = (ref, None)
     return None, scenario
+
+
+def _without_rows(scenario: Scenario) -> Scenario:
+    """The scenario without the leaves of its rows (the models' ``ROW_FIELDS``, ``[M, L]``
+    each, and ``row_classes``), which the program of one plan's (class, format) entries
+    (:func:`evaluate_entries`) does not read: a call pays for every argument buffer, read or
+    not (8 instead of 22 for the reference scenario, ~5 µs of ~110; docs/performance.md).
+    They are None, so a read of one fails when traced rather than reading a placeholder."""
+    return scenario.replace(models=scenario.models.replace(**dict.fromkeys(ROW_FIELDS)),
+                            row_classes=None)
 
 
 def _packed_scenario(scenario: Scenario) -> tuple[tuple, tuple] | None:
@@ -498,6 +523,17 @@ def _plan_vector(formats: np.ndarray, ints) -> np.ndarray:
     ``[8, ...]`` array) flattened field by field."""
     rest = [ints.ravel()] if isinstance(ints, np.ndarray) else [x.ravel() for x in ints]
     return np.concatenate([formats.ravel(), *rest], dtype=np.int32, casting="unsafe")
+
+
+def _int_vector(ints) -> np.ndarray:
+    """One plan's integer fields (``INT_FIELDS`` order: a list of ``[M]`` arrays or one
+    ``[8, M]`` array) as one int32 vector ``[8 * M]``."""
+    if isinstance(ints, np.ndarray):
+        return ints.astype(np.int32).ravel()
+    return np.concatenate(ints, dtype=np.int32, casting="unsafe")
+
+
+_ONE = np.ones(1, np.float32)  # the layer_stability of rows of no class (padding)
 
 
 def inline_cpu_dispatch() -> bool:
@@ -560,7 +596,7 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     n_pools = scenario.cluster.gpu_count.shape[-1]
     if one_host_plan:
         out = (None if layout is None else
-               _evaluate_host_plan(scenario, plan, scenario_args, n_pools, bool(layer_stability)))
+               _evaluate_host_plan(scenario, plan, n_pools, bool(layer_stability)))
         if out is not None:
             return out
         validate_plan(scenario, plan)  # the rules, on the host
@@ -607,29 +643,36 @@ def jax_ready_plan(plan: Plan) -> Plan:
     return plan.replace(**fixes) if fixes else plan
 
 
-def entry_capacity(num_tenants: int) -> int:
-    """Entries per tenant of one host plan evaluated by its (class, format) pairs: as many
-    int32 as fit beside the plan's integer fields in ``SEQUENTIAL_BUFFER_BYTES`` (24 for 4
-    tenants)."""
-    return SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants - len(INT_FIELDS)
+def entry_capacities(num_tenants: int) -> tuple[int, ...]:
+    """Entries per tenant of one host plan evaluated by its (class, format) pairs, one
+    program per capacity, the smallest that holds the plan's pairs used: the most that keep
+    its ``[M, capacity]`` entries, and every per-entry value of its program, within
+    ``SEQUENTIAL_BUFFER_BYTES`` at 4 bytes each (32 for 4 tenants: a format per layer kind
+    with the first and last blocks in another format, 25 pairs for one reference tenant,
+    fits), and three quarters of that (24): measured in one process on the reference
+    scenario, a plan of 12-14 pairs per tenant took ~113-116 µs a call with 24 entries per
+    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16)."""
+    most = SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants
+    return tuple(sorted({most * 3 // 4, most} - {0}))
 
 
-def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: int,
+def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
                         layer_stability: bool) -> Metrics | None:
     """One host plan whose shapes and dtypes are validated, on a packed scenario, with inline
     CPU dispatch: in a program that also checks the plan's rules (``plan.breaks_rules``; only
     a plan that breaks one pays for ``validate_plan``'s message, which it raises), at full
-    resolution by its (class, format) entries (:func:`evaluate_entries`). Those make a
-    program of buffers of at most ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially,
-    like a coarse plan's, rather than the rows' program, which it runs concurrently
-    (docs/performance.md; measured on 2 cores, a plan with a format per layer kind: ~110-130
-    against ~290-320 µs a call; with asynchronous dispatch it gained nothing, since the host
-    must wait for the result to spread ``layer_stability``). The rows' program instead when
-    the scenario is coarse, a tenant uses more pairs than fit beside the plan's fields in one
-    such buffer (e.g. formats drawn per row at random), or the sanitizer refuses a tenant (the
-    rows say what its rows score). ``None`` (the caller validates on the host) when an
-    integer field is not a NumPy array, or is of a type wider than int32 (which packing as
-    int32 could wrap) and holds a value beyond ``INT_LIMIT``."""
+    resolution by its (class, format) entries (:func:`evaluate_entries`) on the scenario
+    without its rows (:func:`_without_rows`). Those make a program of buffers of at most
+    ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially, like a coarse plan's, rather
+    than the rows' program, which it runs concurrently (docs/performance.md; measured on 2
+    cores, a plan with a format per layer kind: ~110-130 against ~290-320 µs a call; with
+    asynchronous dispatch it gained nothing, since the host must wait for the result to
+    spread ``layer_stability``). The rows' program instead when the scenario is coarse, a
+    tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
+    per row at random), or the sanitizer refuses a tenant (the rows say what
+    its rows score). ``None`` (the caller validates on the host) when an integer field is
+    not a NumPy array, or is of a type wider than int32 (which packing as int32 could wrap)
+    and holds a value beyond ``INT_LIMIT``."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in ints):
         return None
@@ -637,25 +680,29 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, scenario_args, n_pools: 
         ints = np.array(ints, np.int64)
         if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
             return None
-    _, (layout, _), pairs, programs = _SCENARIO_ARGS[id(scenario)]
+    packed = _SCENARIO_ARGS[id(scenario)][1]
     m, l = plan.precision.shape
+    pairs = packed.pairs
     compact = (compact_entries(pairs, plan.precision)
-               if pairs is not None and pairs.capacity > 0 else None)
+               if pairs is not None and pairs.capacities else None)
     if compact is not None:
-        program = _host_program(programs, m, l, n_pools, layout, layer_stability,
-                                pairs.capacity)
-        out, broken = program(scenario_args, _plan_vector(compact[0], ints))
+        entries, row_entry = compact
+        layout, arrays = packed.entry_args
+        program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability,
+                                entries.shape[1])
+        out, broken = program(arrays, (entries, _int_vector(ints)))
         if broken:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
-            if layer_stability:  # spread over the rows
-                rows = out.layer_stability.reshape(-1).take(compact[1])
+            if layer_stability:  # spread over the rows (1 for rows of no class)
+                rows = np.concatenate([out.layer_stability.reshape(-1), _ONE]).take(row_entry)
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", rows)
             return out
-    program = _host_program(programs, m, l, n_pools, layout, layer_stability, 0)
-    out, broken = program(scenario_args, _plan_vector(plan.precision, ints))
+    layout, arrays = packed.args
+    program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability, 0)
+    out, broken = program(arrays, _plan_vector(plan.precision, ints))
     if broken:
         validate_plan(scenario, plan)
     return out

@@ -360,7 +360,8 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     """
     m, l = scenario.num_tenants, scenario.num_layers
     prec, xs = plan.precision, [getattr(plan, name) for name in _INT_FIELDS]
-    if isinstance(prec, jax.core.Tracer) or any(isinstance(x, jax.core.Tracer) for x in xs):
+    tracer = jax.core.Tracer
+    if isinstance(prec, tracer) or [x for x in xs if isinstance(x, tracer)]:
         return  # traced: validation happens at the boundary, not inside jit
     prec = np.asarray(prec)
     batch = prec.shape[:-2]
@@ -370,12 +371,13 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
         raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     # One reduction for both bounds: a negative id read as unsigned (same width and byte
     # order) is beyond every format.
-    if prec.size and prec.view(prec.dtype.str.replace("i", "u")).max() >= F.NUM_FORMATS:
+    if prec.size and prec.view(_unsigned(prec.dtype)).max() >= F.NUM_FORMATS:
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
+    shape = batch + (m,)
     for name, x in zip(_INT_FIELDS, xs, strict=True):
-        if x.shape != batch + (m,):
-            raise ValueError(f"plan.{name} has shape {x.shape}; expected {batch + (m,)}")
+        if x.shape != shape:
+            raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
         if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
             raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
     if not rules:
@@ -411,6 +413,12 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
             f"plan.{field}[{i}] (plan {b}): tenant {i} {text} "
             f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
             f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
+
+
+@functools.cache
+def _unsigned(dtype: np.dtype) -> np.dtype:
+    """The unsigned integer type of ``dtype``'s width and byte order."""
+    return np.dtype(dtype.str.replace("i", "u"))
 
 
 class RuleTables:

@@ -177,20 +177,21 @@ ENTRY_SHIFT = 16
 
 class RowPairs(NamedTuple):
     """Host tables of a full-resolution scenario for :func:`compact_entries`, for entries of
-    ``capacity`` per tenant. Each tenant's (class, format) pairs are numbered
-    ``m * C * F + class * F + format`` (``C`` classes, ``F`` formats), then the rows of no
-    class ``M * C * F + m * F + format``."""
+    one of ``capacities`` (ascending) per tenant. Each tenant's (class, format) pairs are
+    numbered ``m * C * F + class * F + format`` (``C`` classes, ``F`` formats), then the
+    rows of no class ``M * C * F + m * F + format``."""
 
     base: np.ndarray  # int32[M, L]: the pair number of each row in format 0
     code: np.ndarray  # int64[M * C * F]: a class pair's (class * F + format) << ENTRY_SHIFT
     tenant: np.ndarray  # int64[M * C * F]: a class pair's tenant
     bounds: np.ndarray  # int64[M + 1]: where each tenant's class pairs start, then their end
-    where: np.ndarray  # int64[(M * C + M) * F]: a no-class pair's value: its tenant's last column
-    capacity: int
+    where: np.ndarray  # int64[(M * C + M) * F]: where a pair's value lies (filled per plan)
+    capacities: tuple[int, ...]
 
 
-def row_pairs(grid, num_layers: int, capacity: int) -> RowPairs:
-    """:class:`RowPairs` of :func:`class_grid`'s ``grid`` (``[M, classes, slots]``)."""
+def row_pairs(grid, num_layers: int, capacities) -> RowPairs:
+    """:class:`RowPairs` of :func:`class_grid`'s ``grid`` (``[M, classes, slots]``), for
+    entries of ``capacities`` (an int or several) per tenant."""
     grid = np.asarray(grid)
     m, c, _ = grid.shape
     f = F.NUM_FORMATS
@@ -200,35 +201,39 @@ def row_pairs(grid, num_layers: int, capacity: int) -> RowPairs:
     row_class = row_class[:, :num_layers]
     base = np.where(row_class >= 0, tenant * c * f + row_class * f, m * c * f + tenant * f)
     where = np.zeros((m * c + m) * f, np.int64)
-    where[m * c * f:] = np.repeat(np.arange(m) * (capacity + 1) + capacity, f)
     code = np.tile(np.arange(c * f, dtype=np.int64) << ENTRY_SHIFT, m)
     return RowPairs(base.astype(np.int32), code, np.arange(m * c * f) // (c * f),
-                    np.arange(m + 1) * (c * f), where, capacity)
+                    np.arange(m + 1) * (c * f), where,
+                    tuple(sorted({int(x) for x in np.atleast_1d(capacities)})))
 
 
 def compact_entries(pairs: RowPairs, precision):
     """One plan's formats ``precision`` (host ``[M, L]`` ids in ``[0, F)``) as ``(entries
-    int32[M, capacity], row_entry int[M, L])``: each tenant's (class, format) pairs with their
-    row counts (``ENTRY_SHIFT``), and where each row's value lies among per-entry values laid
-    out ``[M, capacity + 1]`` and flattened (``m * (capacity + 1) + k`` for entry ``k`` of
-    tenant ``m``; the extra last column for rows of no class), to spread per-entry values back
-    over the rows with one ``take``; ``None`` when a tenant uses more than ``capacity``
-    pairs. ``pairs``: :func:`row_pairs` of the scenario. (A dozen NumPy calls: one plan's
-    call is latency-bound, ~1 µs per call.)"""
+    int32[M, capacity], row_entry int[M, L])``, ``capacity`` the smallest of
+    ``pairs.capacities`` that holds every tenant's pairs: each tenant's (class, format)
+    pairs with their row counts (``ENTRY_SHIFT``), and where each row's value lies among
+    per-entry values laid out ``[M, capacity]`` and flattened (``m * capacity + k`` for entry
+    ``k`` of tenant ``m``), then one value for the rows of no class (``M * capacity``), to
+    spread per-entry values back over the rows with one ``take``; ``None`` when a tenant
+    uses more pairs than the largest capacity. ``pairs``: :func:`row_pairs` of the scenario.
+    (A dozen NumPy calls: one plan's call is latency-bound, ~1 µs per call.)"""
     m, l = pairs.base.shape
     if l >= 1 << ENTRY_SHIFT:
         return None
-    cap = pairs.capacity
     code = np.add(pairs.base, precision, dtype=np.intp, casting="unsafe")  # [M, L] pair numbers
     counts = np.bincount(code.ravel(), minlength=pairs.where.size)
-    used = np.flatnonzero(counts[:pairs.code.size])  # the used class pairs, tenant by tenant
+    n = pairs.code.size
+    used = np.flatnonzero(counts[:n])  # the used class pairs, tenant by tenant
     first = np.searchsorted(used, pairs.bounds)  # each tenant's first among them
-    if (first[1:] - first[:-1]).max(initial=0) > cap:
+    most = (first[1:] - first[:-1]).max(initial=0)
+    cap = next((c for c in pairs.capacities if c >= most), 0)
+    if not cap:
         return None
     tenant = pairs.tenant[used]
-    slot = np.arange(used.size) + (np.arange(m) * (cap + 1) - first[:-1])[tenant]
+    slot = np.arange(used.size) + (np.arange(0, m * cap, cap) - first[:-1])[tenant]
     where = pairs.where.copy()
     where[used] = slot
-    entries = np.zeros((m, cap + 1), np.int32)
+    where[n:] = m * cap
+    entries = np.zeros((m, cap), np.int32)
     entries.ravel()[slot] = pairs.code[used] | counts[used]
-    return entries[:, :-1], where.take(code)
+    return entries, where.take(code)
