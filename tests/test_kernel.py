@@ -281,6 +281,20 @@ def test_compact_entries_against_a_python_count(dtype):
                for _ in range(3))
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 8, 16, 17, 200])
+def test_entry_capacities_keep_every_buffer_sequential(m):
+    """One host plan's entry capacities, ascending: its ``[M, capacity]`` entries and its
+    ``int32[8 * M]`` fields each within ``SEQUENTIAL_BUFFER_BYTES``; none (the rows'
+    program) once the fields alone exceed it."""
+    caps = kernel.entry_capacities(m)
+    limit = kernel.SEQUENTIAL_BUFFER_BYTES
+    assert list(caps) == sorted(set(caps)) and all(c > 0 for c in caps)
+    assert all(4 * m * c <= limit for c in caps)
+    assert bool(caps) == (4 * m * len(kernel.INT_FIELDS) <= limit)
+    if m == 4:
+        assert caps == (24, 32)
+
+
 def _spoiled(plans, dtype):
     """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
     mixed in (every fourth plan keeps its values)."""

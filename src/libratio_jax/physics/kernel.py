@@ -230,7 +230,8 @@ def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
     compact_entries`), on a full-resolution scenario: the physics of the class path on just
     the pairs the plan uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path
     for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (spread it over the rows
-    with ``compact_entries``' ``row_entry``); ``plan.precision`` is not read."""
+    with ``compact_entries``' ``row_entry``, after appending a 1 for the rows of no class:
+    ``np.append(per_entry, 1).take(row_entry)``); ``plan.precision`` is not read."""
     code = entries >> ENTRY_SHIFT
     counts = (entries & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32)
     coarse = scenario.coarse_models
@@ -483,7 +484,8 @@ def _without_rows(scenario: Scenario) -> Scenario:
     """The scenario without the leaves of its rows (the models' ``ROW_FIELDS``, ``[M, L]``
     each, and ``row_classes``), which the program of one plan's (class, format) entries
     (:func:`evaluate_entries`) does not read: a call pays for every argument buffer, read or
-    not (8 instead of 22 for the reference scenario, ~5 µs of ~110; docs/performance.md).
+    not (the reference scenario in 8 buffers instead of 22, ~5 µs of ~120 a call;
+    docs/performance.md).
     They are None, so a read of one fails when traced rather than reading a placeholder."""
     return scenario.replace(models=scenario.models.replace(**dict.fromkeys(ROW_FIELDS)),
                             row_classes=None)
@@ -506,12 +508,11 @@ def _packed_scenario(scenario: Scenario) -> tuple[tuple, tuple] | None:
     return layout, tuple(jax.device_put(arrays, devices.pop() if devices else None))
 
 
-def _pack_plan(plan: Plan, formats: np.ndarray | None = None) -> np.ndarray | None:
-    """The plan's host arrays as one int32 vector (the precision ``[..., M, L]``, or
-    ``formats`` in its place, then the integer fields ``[8, ..., M]``, each flattened), or
-    ``None`` when a field is not a NumPy array (device arrays stay where they are)."""
-    leaves = [plan.precision if formats is None else formats] + [getattr(plan, f)
-                                                                 for f in INT_FIELDS]
+def _pack_plan(plan: Plan) -> np.ndarray | None:
+    """The plan's host arrays as one int32 vector (the precision ``[..., M, L]``, then the
+    integer fields ``[8, ..., M]``, each flattened), or ``None`` when a field is not a NumPy
+    array (device arrays stay where they are)."""
+    leaves = [plan.precision] + [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in leaves):
         return None
     return _plan_vector(leaves[0], leaves[1:])
@@ -651,7 +652,11 @@ def entry_capacities(num_tenants: int) -> tuple[int, ...]:
     with the first and last blocks in another format, 25 pairs for one reference tenant,
     fits), and three quarters of that (24): measured in one process on the reference
     scenario, a plan of 12-14 pairs per tenant took ~113-116 µs a call with 24 entries per
-    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16)."""
+    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16). None (the rows' program)
+    when the plan's integer fields alone, ``int32[8 * M]``, exceed that size (17 tenants or
+    more)."""
+    if len(INT_FIELDS) * 4 * num_tenants > SEQUENTIAL_BUFFER_BYTES:
+        return ()
     most = SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants
     return tuple(sorted({most * 3 // 4, most} - {0}))
 
