@@ -485,8 +485,8 @@ def _without_rows(scenario: Scenario) -> Scenario:
     each, and ``row_classes``), which the program of one plan's (class, format) entries
     (:func:`evaluate_entries`) does not read: a call pays for every argument buffer, read or
     not (the reference scenario in 8 buffers instead of 22, ~5 µs of ~120 a call;
-    docs/performance.md).
-    They are None, so a read of one fails when traced rather than reading a placeholder."""
+    docs/performance.md). They are None, so a read of one fails when traced rather than
+    reading a placeholder."""
     return scenario.replace(models=scenario.models.replace(**dict.fromkeys(ROW_FIELDS)),
                             row_classes=None)
 
@@ -652,7 +652,7 @@ def entry_capacities(num_tenants: int) -> tuple[int, ...]:
     with the first and last blocks in another format, 25 pairs for one reference tenant,
     fits), and three quarters of that (24): measured in one process on the reference
     scenario, a plan of 12-14 pairs per tenant took ~113-116 µs a call with 24 entries per
-    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16). None (the rows' program)
+    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16). Empty (the rows' program)
     when the plan's integer fields alone, ``int32[8 * M]``, exceed that size (17 tenants or
     more)."""
     if len(INT_FIELDS) * 4 * num_tenants > SEQUENTIAL_BUFFER_BYTES:
@@ -674,8 +674,8 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
     asynchronous dispatch it gained nothing, since the host must wait for the result to
     spread ``layer_stability``). The rows' program instead when the scenario is coarse, a
     tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
-    per row at random), or the sanitizer refuses a tenant (the rows say what
-    its rows score). ``None`` (the caller validates on the host) when an integer field is
+    per row at random), or the sanitizer refuses a tenant (the rows say what its rows
+    score). ``None`` (the caller validates on the host) when an integer field is
     not a NumPy array, or is of a type wider than int32 (which packing as int32 could wrap)
     and holds a value beyond ``INT_LIMIT``."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
