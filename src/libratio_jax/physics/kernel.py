@@ -520,18 +520,17 @@ def _pack_plan(plan: Plan) -> np.ndarray | None:
 
 def _plan_vector(formats: np.ndarray, ints) -> np.ndarray:
     """The packed plan's one int32 vector (what :func:`_program` unpacks): ``formats``
-    flattened, then the integer fields (``INT_FIELDS`` order, a list of arrays or one
-    ``[8, ...]`` array) flattened field by field."""
-    rest = [ints.ravel()] if isinstance(ints, np.ndarray) else [x.ravel() for x in ints]
-    return np.concatenate([formats.ravel(), *rest], dtype=np.int32, casting="unsafe")
+    flattened, then :func:`_int_vector` of the integer fields."""
+    return np.concatenate([formats.ravel(), _int_vector(ints)], dtype=np.int32,
+                          casting="unsafe")
 
 
 def _int_vector(ints) -> np.ndarray:
-    """One plan's integer fields (``INT_FIELDS`` order: a list of ``[M]`` arrays or one
-    ``[8, M]`` array) as one int32 vector ``[8 * M]``."""
+    """The integer fields (``INT_FIELDS`` order: a list of arrays ``[..., M]`` or one
+    ``[8, ..., M]`` array) as one int32 vector, flattened field by field."""
     if isinstance(ints, np.ndarray):
         return ints.astype(np.int32).ravel()
-    return np.concatenate(ints, dtype=np.int32, casting="unsafe")
+    return np.concatenate(ints, dtype=np.int32, casting="unsafe").ravel()
 
 
 _ONE = np.ones(1, np.float32)  # the layer_stability of rows of no class (padding)
