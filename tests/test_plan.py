@@ -160,6 +160,11 @@ def test_sampled_plans_are_valid(sc):
     plans = sample_plans(sc, 64, seed=0)
     lj.validate_plan(sc, plans)  # raises if not
     assert np.asarray(plans.gpus).min() >= 1
+    # formats as one byte per row; the same plans as int32 ids evaluate identically
+    assert plans.precision.dtype == np.uint8 and plans.gpus.dtype == np.int32
+    wide = plans.replace(precision=plans.precision.astype(np.int32))
+    np.testing.assert_array_equal(lj.evaluate(sc, plans).tokens_per_second,
+                                  lj.evaluate(sc, wide).tokens_per_second)
 
 
 def test_workload_validation():

@@ -677,15 +677,18 @@ def random_valid_plan(key, scenario, *, per_layer: bool = False) -> Plan:
 
 @functools.partial(jax.jit, static_argnames=("n", "per_layer"))
 def _sample_plans(scenario, key, n: int, per_layer: bool) -> Plan:
-    return jax.vmap(lambda k: random_valid_plan(k, scenario, per_layer=per_layer))(
+    plans = jax.vmap(lambda k: random_valid_plan(k, scenario, per_layer=per_layer))(
         jax.random.split(key, n))
+    return plans.replace(precision=plans.precision.astype(jnp.uint8))  # ids < NUM_FORMATS
 
 
 def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> Plan:
     """``n`` random plans ``[n, ...]`` that pass :func:`validate_plan`: :func:`random_valid_plan`
     with keys from ``PRNGKey(seed)``, one jitted call (``per_layer``: a format per row rather
     than per layer kind). Batches are drawn in power-of-two sizes (at least 64) and cut to
-    ``n``, so few sizes compile."""
+    ``n``, so few sizes compile. The formats are stored as one byte per row (``precision``
+    uint8 ``[n, M, L]``; the other fields int32): a quarter of the memory of int32 ids, and
+    what ``lj.evaluate`` counts at full resolution (any integer dtype is accepted)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"sample_plans: n must be >= 1, got {n}")

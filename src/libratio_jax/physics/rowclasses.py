@@ -181,7 +181,7 @@ class RowPairs(NamedTuple):
     numbered ``m * C * F + class * F + format`` (``C`` classes, ``F`` formats), then the
     rows of no class ``M * C * F + m * F + format``."""
 
-    base: np.ndarray  # int32[M, L]: the pair number of each row in format 0
+    base: np.ndarray  # intp[M, L]: the pair number of each row in format 0 (``bincount``'s type)
     code: np.ndarray  # int64[M * C * F]: a class pair's (class * F + format) << ENTRY_SHIFT
     tenant: np.ndarray  # int64[M * C * F]: a class pair's tenant
     bounds: np.ndarray  # int64[M + 1]: where each tenant's class pairs start, then their end
@@ -202,7 +202,7 @@ def row_pairs(grid, num_layers: int, capacities) -> RowPairs:
     base = np.where(row_class >= 0, tenant * c * f + row_class * f, m * c * f + tenant * f)
     where = np.zeros((m * c + m) * f, np.int64)
     code = np.tile(np.arange(c * f, dtype=np.int64) << ENTRY_SHIFT, m)
-    return RowPairs(base.astype(np.int32), code, np.arange(m * c * f) // (c * f),
+    return RowPairs(base.astype(np.intp), code, np.arange(m * c * f) // (c * f),
                     np.arange(m + 1) * (c * f), where,
                     tuple(sorted({int(x) for x in np.atleast_1d(capacities)})))
 
@@ -223,9 +223,10 @@ def compact_entries(pairs: RowPairs, precision):
     code = np.add(pairs.base, precision, dtype=np.intp, casting="unsafe")  # [M, L] pair numbers
     counts = np.bincount(code.ravel(), minlength=pairs.where.size)
     n = pairs.code.size
-    used = np.flatnonzero(counts[:n])  # the used class pairs, tenant by tenant
+    used = (counts[:n] != 0).nonzero()[0]  # the used class pairs, tenant by tenant
     first = np.searchsorted(used, pairs.bounds)  # each tenant's first among them
-    most = (first[1:] - first[:-1]).max(initial=0)
+    bounds = first.tolist()
+    most = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))  # (M >= 1)
     cap = next((c for c in pairs.capacities if c >= most), 0)
     if not cap:
         return None
