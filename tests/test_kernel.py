@@ -295,6 +295,34 @@ def test_entry_capacities_keep_every_buffer_sequential(m):
         assert caps == (24, 32)
 
 
+def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
+    """Every buffer of one host plan's entries programs (each capacity, the reference
+    scenario, rules and ``layer_stability`` included) is at most ``SEQUENTIAL_BUFFER_BYTES``:
+    its arguments, constants, outputs and every intermediate in the compiled program, so
+    XLA's CPU runtime runs it sequentially (what its speed rests on; docs/performance.md)."""
+    import re
+
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)  # forced: the backend is up
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    sc = lj.reference_scenario()
+    m, l = sc.num_tenants, sc.num_layers
+    layout, args = kernel._packed_scenario(kernel._without_rows(sc))
+    ints = kernel._int_vector(np.ones((len(kernel.INT_FIELDS), m), np.int32))
+    itemsize = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+    for cap in kernel.entry_capacities(m):
+        program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
+                                  True, cap, True)
+        text = program.lower(args, (np.zeros((m, cap), np.int32), ints)).compile().as_text()
+        entry = text[text.index("ENTRY"):]
+        shapes = re.findall(r"= (\w+)\[([\d,]*)\]", entry)
+        assert len(shapes) > 50  # the program's instructions were read
+        for dtype, dims in shapes:
+            size = itemsize[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
+            assert size <= kernel.SEQUENTIAL_BUFFER_BYTES, (cap, dtype, dims)
+
+
 def _spoiled(plans, dtype):
     """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
     mixed in (every fourth plan keeps its values)."""
