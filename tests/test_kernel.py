@@ -316,9 +316,12 @@ def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
                                   True, cap, True)
         text = program.lower(args, (np.zeros((m, cap), np.int32), ints)).compile().as_text()
         entry = text[text.index("ENTRY"):]
+        # no nested computations whose buffers the entry's instructions would not show
+        assert not re.search(r" (while|call|conditional)\(", entry)
         shapes = re.findall(r"= (\w+)\[([\d,]*)\]", entry)
         assert len(shapes) > 50  # the program's instructions were read
         for dtype, dims in shapes:
+            assert dtype in itemsize, f"an element type this test does not size: {dtype}"
             size = itemsize[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
             assert size <= kernel.SEQUENTIAL_BUFFER_BYTES, (cap, dtype, dims)
 

@@ -1,7 +1,8 @@
 """The action: a :class:`Plan` of per-tenant choices, as arrays, and its validation.
 
 Shapes (add a leading batch axis ``[B]`` for batched plans):
-    precision[M, L] int32 format ids per row; gpus[M], tp[M], pp[M], zero_stage[M],
+    precision[M, L] integer format ids per row (int32 from the builders, uint8 from
+    :func:`sample_plans`; any integer dtype is accepted); gpus[M], tp[M], pp[M], zero_stage[M],
     recompute[M] (0/1), kv_precision[M] (format id), micro_batch[M], pool[M] (cluster pool).
 
 Build one from readable choices with :meth:`Plan.from_choices`; stack several with
@@ -688,7 +689,8 @@ def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> 
     than per layer kind). Batches are drawn in power-of-two sizes (at least 64) and cut to
     ``n``, so few sizes compile. The formats are stored as one byte per row (``precision``
     uint8 ``[n, M, L]``; the other fields int32): a quarter of the memory of int32 ids, and
-    what ``lj.evaluate`` counts at full resolution (any integer dtype is accepted)."""
+    the dtype the full-resolution counting narrows ids to anyway (any integer dtype is
+    accepted)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"sample_plans: n must be >= 1, got {n}")
