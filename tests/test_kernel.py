@@ -326,6 +326,23 @@ def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
             assert size <= kernel.SEQUENTIAL_BUFFER_BYTES, (cap, dtype, dims)
 
 
+def test_metrics_of_is_the_constructors_instance():
+    """``_metrics_of`` (one host plan's results, without the generated ``__init__``) makes
+    the instance ``Metrics(*leaves)`` makes: same fields, values, equality and pytree, and
+    ``replace`` works; it relies on the class having no ``__post_init__`` and no slots."""
+    assert not hasattr(kernel.Metrics, "__post_init__")
+    assert not hasattr(kernel.Metrics, "__slots__")
+    leaves = [np.full(2, k, np.float32) for k in range(kernel._METRICS_FIELDS)]
+    made = kernel._metrics_of(leaves + [np.array(True)])  # an extra value (rules) ignored
+    want = kernel.Metrics(*leaves)
+    assert type(made) is kernel.Metrics and vars(made).keys() == vars(want).keys()
+    chex.assert_trees_all_equal(made, want)
+    assert jax.tree.structure(made) == jax.tree.structure(want)
+    assert made.replace(stability=leaves[0]).stability is leaves[0]
+    with pytest.raises(AttributeError):
+        made.stability = leaves[0]  # still frozen
+
+
 def _spoiled(plans, dtype):
     """Plans of ``dtype`` precision with out-of-domain formats, degrees and absent slots
     mixed in (every fourth plan keeps its values)."""

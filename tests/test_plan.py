@@ -75,6 +75,36 @@ def test_wrong_shapes(sc):
         lj.evaluate("scenario", p)
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("gpus", np.ones(4, bool), "plan.gpus must hold integers"),
+    ("tp", np.ones(4, np.float32), "plan.tp must hold integers"),
+    ("pp", np.ones((1, 4), np.int32), "plan.pp has shape"),
+    ("pool", [0, 0, 0, 0], None),  # a list: taken as an array (the general path)
+    ("recompute", np.zeros(4, bool), None),  # booleans are integers only here
+    ("micro_batch", np.ones(4, ">i4"), None),  # non-native order: the general path
+    ("precision", np.full((4, 1), 2, np.int16), "plan.precision has shape"),
+    ("precision", "fp8", "plan.precision has shape"),
+])
+def test_one_host_plan_is_validated_as_any_plan(sc, field, value, match):
+    """``validate_plan``'s fast path for one plan of NumPy arrays of native integer types
+    takes only what its general checks take: any other plan goes through them and gets their
+    message."""
+    import jax
+
+    from libratio_jax.physics.plan import validate_plan
+
+    p = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
+    validate_plan(sc, p)  # the fast path
+    bad = p.replace(**{field: value})
+    if match is None:
+        validate_plan(sc, bad)
+        return
+    with pytest.raises(ValueError, match=match):
+        validate_plan(sc, bad)
+    with pytest.raises(ValueError, match=match):
+        lj.evaluate(sc, bad)
+
+
 @pytest.mark.parametrize("dtype", ["<i2", ">i4", ">i8", "<u1", ">u2", "<i8"])
 def test_format_ids_are_checked_in_any_integer_dtype(sc, dtype):
     """``validate_plan`` checks format ids with one reduction (ids read as unsigned): in

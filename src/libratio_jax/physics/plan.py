@@ -361,26 +361,37 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     """
     m, l = scenario.num_tenants, scenario.num_layers
     prec, xs = plan.precision, [getattr(plan, name) for name in _INT_FIELDS]
-    tracer = jax.core.Tracer
-    if isinstance(prec, tracer) or [x for x in xs if isinstance(x, tracer)]:
-        return  # traced: validation happens at the boundary, not inside jit
-    prec = np.asarray(prec)
-    batch = prec.shape[:-2]
-    if prec.shape[-2:] != (m, l):
-        raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
-    if prec.dtype.kind not in "iu":
-        raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
+    one = (m,)
+    # One plan of NumPy arrays of their shapes and native integer types, the common case (a
+    # server step, one reward): the checks below would pass but the format ids' range, and
+    # take ~3 µs more.
+    plain = (type(prec) is np.ndarray and prec.shape == (m, l) and prec.dtype in _PLAIN_INTS
+             and all(type(x) is np.ndarray and x.shape == one and x.dtype in _PLAIN_INTS
+                     for x in xs))
+    if plain:
+        batch = ()
+    else:
+        tracer = jax.core.Tracer
+        if isinstance(prec, tracer) or [x for x in xs if isinstance(x, tracer)]:
+            return  # traced: validation happens at the boundary, not inside jit
+        prec = np.asarray(prec)
+        batch = prec.shape[:-2]
+        if prec.shape[-2:] != (m, l):
+            raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
+        if prec.dtype.kind not in "iu":
+            raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     # One reduction for both bounds: a negative id read as unsigned (same width and byte
     # order) is beyond every format.
     if prec.size and prec.view(_unsigned(prec.dtype)).max() >= F.NUM_FORMATS:
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
-    xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
-    shape = batch + (m,)
-    for name, x in zip(_INT_FIELDS, xs, strict=True):
-        if x.shape != shape:
-            raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
-        if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
-            raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
+    if not plain:
+        xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
+        shape = batch + one
+        for name, x in zip(_INT_FIELDS, xs, strict=True):
+            if x.shape != shape:
+                raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
+            if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
+                raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
     if not rules:
         return
     tables = rule_tables(scenario)
@@ -414,6 +425,11 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
             f"plan.{field}[{i}] (plan {b}): tenant {i} {text} "
             f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
             f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
+
+
+# Integer types (native byte order) that validate_plan's fast path takes as they are.
+_PLAIN_INTS = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                              np.uint16, np.uint32, np.uint64))
 
 
 @functools.cache
