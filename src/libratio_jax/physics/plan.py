@@ -361,12 +361,12 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     """
     m, l = scenario.num_tenants, scenario.num_layers
     prec, xs = plan.precision, [getattr(plan, name) for name in _INT_FIELDS]
-    one = (m,)
+    tenant_axis = (m,)
     # One plan of NumPy arrays of their shapes and native integer types, the common case (a
     # server step, one reward): the checks below would pass but the format ids' range, and
     # take ~3 µs more.
     plain = (type(prec) is np.ndarray and prec.shape == (m, l) and prec.dtype in _PLAIN_INTS
-             and all(type(x) is np.ndarray and x.shape == one and x.dtype in _PLAIN_INTS
+             and all(type(x) is np.ndarray and x.shape == tenant_axis and x.dtype in _PLAIN_INTS
                      for x in xs))
     if plain:
         batch = ()
@@ -386,7 +386,7 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     if not plain:
         xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
-        shape = batch + one
+        shape = batch + tenant_axis
         for name, x in zip(_INT_FIELDS, xs, strict=True):
             if x.shape != shape:
                 raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
