@@ -86,16 +86,23 @@ def test_wrong_shapes(sc):
     ("precision", "fp8", "plan.precision has shape"),
 ])
 def test_one_host_plan_is_validated_as_any_plan(sc, field, value, match):
-    """``validate_plan``'s fast path for one plan of NumPy arrays of native integer types
-    takes only what its general checks take: any other plan goes through them and gets their
-    message."""
+    """``validate_plan``'s fast path is taken by one plan of NumPy arrays of their shapes
+    and native integer types, and by nothing else: a plan with a field of another type or
+    shape goes through the general checks, which accept it or refuse it with their
+    message (as before the fast path)."""
     import jax
 
-    from libratio_jax.physics.plan import validate_plan
+    from libratio_jax.physics.plan import _INT_FIELDS, _plain_host_plan, validate_plan
+
+    def plain(plan):
+        return _plain_host_plan(plan.precision, [getattr(plan, f) for f in _INT_FIELDS],
+                                sc.num_tenants, sc.num_layers)
 
     p = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
-    validate_plan(sc, p)  # the fast path
+    assert plain(p)
+    validate_plan(sc, p)
     bad = p.replace(**{field: value})
+    assert not plain(bad)
     if match is None:
         validate_plan(sc, bad)
         return

@@ -102,13 +102,14 @@ _LAYER_STABILITY = _METRICS_NAMES.index("layer_stability")
 
 def _metrics_of(leaves) -> Metrics:
     """``Metrics`` of its fields' values in order (extra values after them ignored), without
-    its generated ``__init__``, which sets the 29 fields of the frozen class one
+    its generated ``__init__``, which sets the fields of the frozen class one
     ``object.__setattr__`` at a time (~3 µs against ~1 µs; one host plan's call is
     latency-bound). The class has no ``__post_init__`` and no slots: the instance is the
     one ``Metrics(*leaves)`` makes."""
     out = object.__new__(Metrics)
     out.__dict__.update(zip(_METRICS_NAMES, leaves[:_METRICS_FIELDS], strict=True))
     return out
+
 
 _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes_per_second",
                 "network_bytes_per_second", "gpus_per_node", "tdp_watts", "idle_watts",
