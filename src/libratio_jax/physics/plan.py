@@ -361,7 +361,6 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     """
     m, l = scenario.num_tenants, scenario.num_layers
     prec, xs = plan.precision, [getattr(plan, name) for name in _INT_FIELDS]
-    tenant_axis = (m,)
     plain = _plain_host_plan(prec, xs, m, l)
     if plain:
         batch = ()
@@ -381,7 +380,7 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     if not plain:
         xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
-        shape = batch + tenant_axis
+        shape = batch + (m,)
         for name, x in zip(_INT_FIELDS, xs, strict=True):
             if x.shape != shape:
                 raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
