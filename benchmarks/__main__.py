@@ -5,7 +5,8 @@
     python -m benchmarks --only evaluate plot
 
 Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
-(row_statistics.py: ways to count a plan's formats per row class, docs/performance.md), ``env``
+(row_statistics.py: ways to count a plan's formats per row class, docs/performance.md),
+``floor`` (class_floor.py: the cheapest form of the full-resolution path, step by step), ``env``
 (env_throughput.py), ``reward`` (reward_latency.py), ``sharded`` (sharded_throughput.py, in a
 fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
@@ -30,7 +31,7 @@ sys.path.insert(0, HERE)
 
 from common import RESULTS, results_folder  # noqa: E402
 
-STEPS = ("evaluate", "rowstats", "env", "reward", "sharded", "plot")
+STEPS = ("evaluate", "rowstats", "floor", "env", "reward", "sharded", "plot")
 
 
 def plan_bytes(tenants: int, layers: int) -> int:
@@ -114,6 +115,10 @@ def main(argv=None) -> None:
         import row_statistics
 
         row_statistics.main(["--batches", *(["1024"] if quick else ["1024", "4096"]), *save])
+    if "floor" in args.only:
+        import class_floor
+
+        class_floor.main(["--batch", "4096" if quick else "16384", *save])
     if "env" in args.only:
         import env_throughput
 

@@ -118,6 +118,13 @@ def row_statistics() -> str:
     return _table(("strategy",) + tuple(f"plans/s, batch {b:,}" for b in batches), rows)
 
 
+def class_floor() -> str:
+    recs = _load(BENCH, "class_floor_cpu.json") or []
+    return _table(("stage", "µs per plan", "plans/s"), [
+        (f"`{r['stage']}`", f"{r['microseconds_per_plan']:.2f}", _si(r["plans_per_second"]))
+        for r in recs])
+
+
 def baselines() -> str:
     d = _load(EXPER, "baselines.json")
     if d is None:
@@ -279,7 +286,7 @@ def eval_baselines() -> str:
 
 TABLES = {f.__name__.replace("_", "-"): f for f in (
     env_throughput, reward_latency, reward_adversarial, evaluate_throughput,
-    evaluate_single_call, row_statistics, baselines, jax_grpo,
+    evaluate_single_call, row_statistics, class_floor, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
     oversight_baselines, recovery_baselines, eval_baselines, server_load, rl_cluster,
     rl_cluster_checks, rl_cluster_service)}
