@@ -366,7 +366,7 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
         batch = ()
     else:
         tracer = jax.core.Tracer
-        if isinstance(prec, tracer) or [x for x in xs if isinstance(x, tracer)]:
+        if isinstance(prec, tracer) or any(isinstance(x, tracer) for x in xs):
             return  # traced: validation happens at the boundary, not inside jit
         prec = np.asarray(prec)
         batch = prec.shape[:-2]
