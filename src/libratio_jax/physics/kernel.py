@@ -116,17 +116,18 @@ _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes
                 "slowdown_celsius", "shutdown_celsius", "thermal_resistance_celsius_per_watt")
 
 
-def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, gpus, tp, pp,
-                    zero_stage, recompute, kv_precision, micro_batch):
-    """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict."""
+def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, row_weight, gpus,
+                    tp, pp, zero_stage, recompute, kv_precision, micro_batch):
+    """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict; each row of
+    ``model`` counted ``row_weight`` times (None: once)."""
     tp_ = jnp.maximum(tp, 1)
     pp_ = jnp.maximum(pp, 1)
     dp = jnp.maximum(gpus // (tp_ * pp_), 1)
     mb = jnp.maximum(micro_batch, 1).astype(jnp.float32)
     mem = tenant_memory(model, workload, precision, kv_precision, tp_, pp_, dp, zero_stage,
-                        recompute, mb)
+                        recompute, mb, row_weight=row_weight)
     st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
-                          zero_stage, recompute, mb)
+                          zero_stage, recompute, mb, row_weight=row_weight)
     # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows).
     bf16 = jnp.full_like(coarse.kind, F.BF16)
     st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
@@ -138,7 +139,8 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, gp
     # Throttling stretches the kernels' time by 1 / clock; communication is unaffected.
     step = st.step_seconds + st.kernel_seconds * (1.0 / clock - 1.0)
     tokens = st.tokens_per_second * st.step_seconds / step
-    rows, score, diverges = tenant_stability(model, workload.mode, precision, kv_precision)
+    rows, score, diverges = tenant_stability(model, workload.mode, precision, kv_precision,
+                                             row_weight)
     frac = safety.memory_fraction(mem.total, pool["hbm_bytes"])
     active = present & (gpus > 0)
     z = jnp.float32(0.0)
@@ -182,18 +184,20 @@ def evaluate_sanitized(scenario: Scenario, plan: Plan, plan_valid) -> Metrics:
 
 
 def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fields,
-                      plan_valid) -> Metrics:
+                      plan_valid, row_weight=None) -> Metrics:
     """Metrics of sanitized ``fields`` (``[M]`` each) with the row formats ``precision`` of
-    ``models`` (``[M, L]`` and the scenario's models, or ``formats.FORMAT_AXIS`` and class
-    models: ``precision_axis`` None)."""
+    ``models`` (``[M, L]`` and the scenario's models, or ``formats.FORMAT_AXIS`` and the
+    class models of ``rowclasses.class_model``, ``precision_axis`` None, each row
+    counted ``row_weight[M, C, F]`` times)."""
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
     pool_idx = jnp.clip(fields["pool"], 0, n_pools - 1)
     pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
     per_tenant = jax.vmap(_tenant_metrics,
-                          in_axes=(0, 0, 0, 0, 0, None, precision_axis) + (0,) * 7)(
+                          in_axes=(0, 0, 0, 0, 0, None, precision_axis,
+                                   None if row_weight is None else 0) + (0,) * 7)(
         models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
-        c.inlet_celsius, precision,
+        c.inlet_celsius, precision, row_weight,
         *(fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
                               "micro_batch")))
     active = per_tenant["active"]
@@ -227,8 +231,8 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
     # An invalid or absent tenant has no GPUs in ``fields``, so every metric of it is gated
     # off and its counts (finite whatever the plan: out-of-domain rows are not counted) need
     # no replacing (XLA would recompute the whole check inside every per-entry kernel).
-    out = _evaluate_tenants(scenario, jax.vmap(class_model)(coarse, counts), F.FORMAT_AXIS,
-                            None, fields, valid)
+    out = _evaluate_tenants(scenario, jax.vmap(class_model)(coarse), F.FORMAT_AXIS,
+                            None, fields, valid, counts)
     per_row = None
     if layer_stability:
         prec = sanitize_precision(plan.precision, valid & scenario.present)

@@ -34,6 +34,7 @@ from flax import struct
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.optimizer import optimizer_state_bytes
+from libratio_jax.physics.rowclasses import row_present, row_sum
 from libratio_jax.physics.scenario import TRAIN
 
 # Bytes per logit element at the training peak. At the end of the forward pass the 16-bit logits
@@ -94,7 +95,8 @@ def format_bytes_columns(optimizer):
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
                   zero_stage, recompute, micro_batch, *, act_precision=None,
                   optimizer_bytes=None, weight_cache_bytes=0.0, gradient_bytes=None,
-                  offload_optimizer=False, offload_params=False) -> MemoryBreakdown:
+                  offload_optimizer=False, offload_params=False,
+                  row_weight=None) -> MemoryBreakdown:
     """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
 
     ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1). Framework knobs (used by
@@ -113,6 +115,10 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     during forward and backward, counted with the activations (DeepSpeed's
     ``estimate_zero3_model_states_mem_needs`` adds ``4 x largest_layer_params``; the ZeRO
     paper's Fig. 1 counts the partitioned model states only).
+
+    ``row_weight`` (shaped like the rows): how many times each row counts in the sums
+    (``physics.rowclasses.row_sum``; the full-resolution class path's format counts),
+    None for once.
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -139,15 +145,16 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     head = model.valid & (model.kind == A.LM_HEAD)
     in_block = model.block >= 0
     row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
-    weights_total = jnp.sum(params * storage)
-    grads_total = jnp.sum(params * grad_bytes)
-    opt_total = jnp.sum(params * opt_bytes)
-    grads_head = jnp.sum(jnp.where(head, params * grad_bytes, 0.0))
-    rows_act = jnp.sum(jnp.where(in_block, row_act, 0.0))
-    outside_act = jnp.sum(jnp.where(in_block, 0.0, row_act))
+    weights_total = row_sum(params * storage, row_weight)
+    grads_total = row_sum(params * grad_bytes, row_weight)
+    opt_total = row_sum(params * opt_bytes, row_weight)
+    grads_head = row_sum(jnp.where(head, params * grad_bytes, 0.0), row_weight)
+    rows_act = row_sum(jnp.where(in_block, row_act, 0.0), row_weight)
+    outside_act = row_sum(jnp.where(in_block, 0.0, row_act), row_weight)
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
-    per_layer = jnp.where(model.valid, model.params / jnp.maximum(model.count, 1.0), 0.0)
+    per_layer = jnp.where(row_present(model.valid, row_weight),
+                          model.params / jnp.maximum(model.count, 1.0), 0.0)
     gathered = jnp.max(per_layer * (storage + layer_grad_bytes)) / tp
     gathered = jnp.where(zero_stage >= 3, gathered, 0.0)
     weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
@@ -158,7 +165,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     opt = opt_total / model_shard / jnp.where(zero_stage >= 1, dp, 1.0)
     if offload_optimizer:
         opt, grads, grads_head = 0.0 * opt, 0.0 * grads, 0.0 * grads_head
-    cache = jnp.sum(params) * weight_cache_bytes / model_shard
+    cache = row_sum(params, row_weight) * weight_cache_bytes / model_shard
 
     # Activations saved per token: rows (scaled by the format's activation bytes) + block extras.
     blocks_act = rows_act + model.n_blocks * model.block_act_bytes_per_token

@@ -8,8 +8,8 @@ per-row terms whose extensive parts (parameters, FLOPs, launches, saved activati
 count of sub-layers) scale with the rows and whose only non-linearity, the roofline's
 ``max(compute, traffic)``, is positively homogeneous. So a tenant's plan is summed exactly by
 ``counts[class, format]`` (how many rows of the class hold the format): the physics run on a
-*class model* of ``[classes, formats]`` pseudo-rows, the merged rows scaled by
-``counts / count``, in every format at once, instead of on every row.
+*class model* of ``[classes, formats]`` pseudo-rows, one row of each class in every format,
+each counted ``counts`` times in the sums (``row_weight``), instead of on every row.
 
 Counting is the only per-row work left, and it is written for XLA's CPU code generator: the
 plans' rows are moved to the major axis (``[M, L, B]``, a copy of one byte per row), the rows
@@ -135,13 +135,32 @@ def format_counts(grid, precision) -> jnp.ndarray:
     return jnp.transpose(total, (2, 0, 1, 3))
 
 
-def class_model(coarse, counts):
-    """The class model of one tenant: the merged rows ``coarse`` (``ModelSpec``, ``[C]``
-    rows) as ``[C, F]`` pseudo-rows, row ``(j, f)`` standing for the ``counts[j, f]`` rows of
-    class ``j`` in format ``f`` (extensive fields scaled by ``counts / count``, ``count`` set to
-    the counts, intensive fields ``[C, 1]``); evaluate it with ``precision =
-    formats.FORMAT_AXIS``."""
-    return _scaled_rows(coarse, lambda x: x[:, None], counts)
+def class_model(coarse):
+    """The class model of one tenant: one row of every class in every format, the merged
+    rows ``coarse`` (``ModelSpec``, ``[C]`` rows) as ``[C, F]`` pseudo-rows of count 1
+    (extensive fields divided by ``count``, intensive fields ``[C, 1]``); evaluate it with
+    ``precision = formats.FORMAT_AXIS``. It does not depend on a plan: a plan's physics
+    weights its rows by the plan's ``counts[C, F]`` (the physics functions' ``row_weight``,
+    :func:`row_sum`), which is exact because every per-row term is linear in the row's
+    extensive fields or, the roofline's ``max(compute, traffic)``, positively homogeneous in
+    them. The counts thus enter only the sums: the per-row terms that do not depend on the
+    plan's scalars are computed once per call, not once per plan."""
+    return _scaled_rows(coarse, lambda x: x[:, None],
+                        jnp.ones(coarse.kind.shape + (F.NUM_FORMATS,), jnp.float32))
+
+
+def row_sum(x, row_weight=None):
+    """``sum(x)`` over per-row terms ``x``, each row counted ``row_weight`` times (an array
+    shaped like the rows; None: once)."""
+    if row_weight is None:
+        return jnp.sum(x)
+    return jnp.tensordot(jnp.broadcast_to(x, row_weight.shape), row_weight, row_weight.ndim)
+
+
+def row_present(valid, row_weight=None):
+    """The rows an extremum over the rows reads: ``valid``, and with ``row_weight`` only the
+    rows counted at least once (a class holding no row in a format is not in the plan)."""
+    return valid if row_weight is None else valid & (row_weight > 0)
 
 
 def entry_model(coarse, classes, counts):

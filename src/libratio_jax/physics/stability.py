@@ -27,6 +27,7 @@ import numpy as np
 
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
+from libratio_jax.physics.rowclasses import row_present, row_sum
 from libratio_jax.physics.scenario import TRAIN
 
 # Relative error tolerated per kind (training), in KIND_NAMES order.
@@ -79,19 +80,22 @@ def layer_stability(model: A.ModelSpec, mode, precision):
     return jnp.exp(layer_log_stability(model, mode, precision))
 
 
-def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision):
+def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weight=None):
     """``(layer_scores[L], score, diverges)`` for one tenant.
 
     The score is the geometric mean over valid rows weighted by ``count`` (the sub-layers
-    a merged row stands for), with the KV cache as one more row when serving.
+    a merged row stands for, times ``row_weight`` if given: ``physics.rowclasses.row_sum``),
+    with the KV cache as one more row when serving.
     """
     logs = layer_log_stability(model, mode, precision)
     serving = mode != TRAIN
     kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
                        0.0)
     weight = jnp.where(model.valid, model.count, 0.0)
-    log_sum = jnp.sum(logs * weight) + kv_log
-    count = jnp.sum(weight) + serving
+    log_sum = row_sum(logs * weight, row_weight) + kv_log
+    count = row_sum(weight, row_weight) + serving
     score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
-    worst = jnp.minimum(jnp.min(logs), kv_log)
+    present = logs if row_weight is None else jnp.where(  # (0 on padding rows already)
+        row_present(model.valid, row_weight), logs, 0.0)
+    worst = jnp.minimum(jnp.min(present), kv_log)
     return jnp.exp(logs), score, worst < np.log(DIVERGENCE_THRESHOLD)

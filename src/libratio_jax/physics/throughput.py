@@ -33,6 +33,7 @@ from flax import struct
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.memory import kv_cache_bytes, num_micro_batches
+from libratio_jax.physics.rowclasses import row_sum
 from libratio_jax.physics.scenario import TRAIN
 
 # Sustained fraction of dense peak per compute class (fp32, tf32, bf16, fp16, fp8, int8, fp4).
@@ -119,7 +120,8 @@ def allreduce_seconds(size_bytes, n, bandwidth):
 
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
                      zero_stage, recompute, micro_batch, clock=1.0, *,
-                     weight_storage_bytes=None, forward_only: bool = False) -> StepTime:
+                     weight_storage_bytes=None, forward_only: bool = False,
+                     row_weight=None) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
@@ -129,7 +131,8 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     step touch those bytes and adds a cast of every weight per micro-batch.
     ``forward_only`` (with a training workload): one forward pass over the batch and no
     optimizer step, i.e. a serving prefill of ``batch`` prompts of ``seq_len`` tokens (see
-    :func:`prefill_step_time`).
+    :func:`prefill_step_time`). ``row_weight`` (shaped like the rows): how many times each
+    row counts in the sums (``physics.rowclasses.row_sum``), None for once.
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -175,9 +178,9 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     roof = jnp.where(valid, jnp.maximum(flops * seconds_per_flop, traffic / bw), 0.0)
     launches = jnp.where(valid, launch_count * fixed, 0.0)
     grad_bytes = jnp.where(valid, model.params, 0.0) * jnp.maximum(storage, 2.0)
-    roof_sum = jnp.sum(roof) / tp
-    launch_sum = jnp.sum(launches)
-    grad_sum = jnp.sum(grad_bytes)
+    roof_sum = row_sum(roof, row_weight) / tp
+    launch_sum = row_sum(launches, row_weight)
+    grad_sum = row_sum(grad_bytes, row_weight)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
     # reads the whole KV cache and does 4 s q_dim FLOPs per token per block.
@@ -192,20 +195,20 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     kernels_once = (roof_sum + launch_sum + attn) / pp
     bubble = jnp.where(is_train, (m + pp - 1.0) / m, 1.0)  # 1F1B (Narayanan et al. 2021 §2.2)
     # Training extras (constants above): elementwise traffic, the loss, the optimizer step.
-    saved_per_block = (jnp.sum(jnp.where(valid & (model.block >= 0), model.act_bytes_per_token,
-                                         0.0)) / jnp.maximum(n_blocks, 1.0)
+    saved_per_block = (row_sum(jnp.where(valid & (model.block >= 0), model.act_bytes_per_token,
+                                         0.0), row_weight) / jnp.maximum(n_blocks, 1.0)
                        + model.block_act_bytes_per_token)
     elementwise = (tokens_replica * n_blocks * saved_per_block
                    * ELEMENTWISE_BYTES_PER_SAVED_BYTE * (passes / 3.0))
     # The loss (training); a forward pass only writes its 16-bit logits.
     loss = tokens_replica * model.vocab * (F.ACT16_BYTES if forward_only
                                            else LOSS_BYTES_PER_LOGIT)
-    w_total = jnp.sum(w_bytes)
+    w_total = row_sum(w_bytes, row_weight)
     cast = 0.0
     if weight_storage_bytes is not None:  # autocast: master weights cast every micro-batch
-        params_total = jnp.sum(jnp.where(valid, model.params, 0.0))
+        params_total = row_sum(jnp.where(valid, model.params, 0.0), row_weight)
         w_total = params_total * weight_storage_bytes
-        cast = m * (w_total + jnp.sum(w_bytes))
+        cast = m * (w_total + row_sum(w_bytes, row_weight))
     optimizer_step = 0.0 if forward_only else w_total * OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / (
         jnp.where(zero_stage >= 1, dp, 1.0))  # ZeRO-1+ shards the step over data-parallel ranks
     extras = jnp.where(is_train, (elementwise + loss + cast) / (tp * pp), 0.0)
