@@ -388,6 +388,37 @@ def test_class_counts_equal_row_by_row_physics(dtype):
                                 by_class, rtol=1e-6)
 
 
+def test_class_extrema_read_only_the_formats_a_plan_holds():
+    """The class model holds every format of every class whatever the plan; the extrema of
+    the physics (ZeRO-3's largest gathered layer, the worst row score behind ``diverges``)
+    must read only the (class, format) pairs a plan's rows hold. Plans in BF16 with one
+    class of rows, or one row, in FP32 (the largest layer bytes) or in FP8 (an FP8 embedding
+    diverges): the class path equals the row-by-row physics, and both kinds of verdict
+    occur."""
+    from libratio_jax.physics import formats as F
+    from libratio_jax.physics.architecture import EMBEDDING, MLP_IN
+
+    sc = _tiny_full_resolution()
+    plans = sample_plans(sc, 8, seed=3)
+    kind = np.asarray(sc.models.kind)[None]  # [1, M, L]
+    valid = np.asarray(sc.models.valid)[None]
+    prec = np.full(plans.precision.shape, F.BF16, np.int32)
+    pick = np.arange(8)[:, None, None]
+    prec = np.where((pick % 4 == 1) & (kind == MLP_IN) & valid, F.FP32, prec)
+    prec = np.where((pick % 4 == 2) & (kind == MLP_IN) & valid, F.FP8_E4M3, prec)
+    prec = np.where((pick % 4 == 3) & (kind == EMBEDDING) & valid, F.FP8_E4M3, prec)
+    plans = plans.replace(precision=jnp.asarray(prec),
+                          zero_stage=jnp.full(plans.zero_stage.shape, 3, jnp.int32))
+    by_class = jax.jit(lambda p: lj.evaluate(sc, p, layer_stability=False))(plans)
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    active = np.asarray(by_rows.active)
+    diverges = np.asarray(by_rows.diverges)
+    assert active.any() and diverges[active].any() and not diverges[active].all()
+    np.testing.assert_array_equal(np.asarray(by_class.diverges), diverges)
+    chex.assert_trees_all_close(by_class.replace(layer_stability=None),
+                                by_rows.replace(layer_stability=None), rtol=1e-5, atol=1e-6)
+
+
 def _tiny_full_resolution(first=_TINY_MOE):
     return lj.Scenario.build(
         lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
