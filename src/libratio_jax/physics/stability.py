@@ -95,7 +95,6 @@ def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weig
     log_sum = row_sum(logs * weight, row_weight) + kv_log
     count = row_sum(weight, row_weight) + serving
     score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
-    present = logs if row_weight is None else jnp.where(  # (0 on padding rows already)
-        row_present(model.valid, row_weight), logs, 0.0)
-    worst = jnp.minimum(jnp.min(present), kv_log)
+    worst = jnp.minimum(jnp.min(jnp.where(row_present(model.valid, row_weight), logs, 0.0)),
+                        kv_log)
     return jnp.exp(logs), score, worst < np.log(DIVERGENCE_THRESHOLD)
