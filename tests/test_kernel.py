@@ -234,9 +234,9 @@ def test_format_counts_equal_a_numpy_count(dtype):
 def test_compact_entries_against_a_python_count(dtype):
     """One host plan's (class, format) entries against a plain-Python walk of its rows: in
     the smallest capacity that holds them, each tenant's entries are its used pairs in order
-    with their row counts, every row's ``row_entry`` points at its pair's entry (rows of no
-    class one past the last entry), and a tenant with more pairs than the largest capacity
-    gives None."""
+    with their row counts, every row's pair number is its (tenant, class, format) (rows of
+    no class numbered after every class pair, by tenant and format), and a tenant with more
+    pairs than the largest capacity gives None."""
     from libratio_jax.physics.rowclasses import ENTRY_SHIFT, compact_entries, row_pairs
 
     sc = _mixed()
@@ -264,17 +264,17 @@ def test_compact_entries_against_a_python_count(dtype):
                 continue
             capacity = min(c for c in capacities if c >= max(map(len, used)))
             chosen.add((capacities, capacity))
-            entries, row_entry = got
-            assert entries.shape == (m, capacity) and row_entry.shape == (m, l)
+            entries, pair = got
+            assert entries.shape == (m, capacity) and pair.shape == (m, l)
             for t in range(m):
                 want = [((j * 12 + f) << ENTRY_SHIFT)
                         | sum(row_class.get((t, r)) == j and prec[t, r] == f for r in range(l))
                         for j, f in used[t]]
                 assert entries[t].tolist() == want + [0] * (capacity - len(want))
                 for r in range(l):
-                    assert row_entry[t, r] == (
-                        t * capacity + used[t].index((row_class[t, r], int(prec[t, r])))
-                        if (t, r) in row_class else m * capacity)
+                    assert pair[t, r] == (
+                        (t * c + row_class[t, r]) * 12 + int(prec[t, r])
+                        if (t, r) in row_class else (m * c + t) * 12 + int(prec[t, r]))
     assert 0 < sum(verdicts) < len(verdicts)  # both outcomes
     assert {((40, 16), 16), ((40, 16), 40)} <= chosen  # and both capacities
     assert any(compact_entries(row_pairs(grid, l, 24), rng.integers(0, 12, (m, l))) is None

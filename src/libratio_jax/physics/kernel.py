@@ -246,9 +246,9 @@ def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
     pairs, ``entries`` int32 ``[M, K]`` (:func:`~libratio_jax.physics.rowclasses.
     compact_entries`), on a full-resolution scenario: the physics of the class path on just
     the pairs the plan uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path
-    for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (spread it over the rows
-    with ``compact_entries``' ``row_entry``, after appending a 1 for the rows of no class:
-    ``np.append(per_entry, 1).take(row_entry)``); ``plan.precision`` is not read."""
+    for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (``lj.evaluate`` takes
+    a row's from the scenario's per-pair table instead, :func:`_pair_layer_stability`: it
+    depends on the row's pair alone); ``plan.precision`` is not read."""
     code = entries >> ENTRY_SHIFT
     counts = (entries & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32)
     coarse = scenario.coarse_models
@@ -460,6 +460,7 @@ class _Packed(NamedTuple):
     args: tuple  # (layout, device arrays): the scenario packed (``_packed_scenario``)
     pairs: RowPairs | None  # ``rowclasses.row_pairs`` of a full-resolution scenario
     entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
+    pair_stability: np.ndarray | None  # float32[pairs.size]: ``pair_layer_stability``
     programs: dict  # one host plan's programs (``_host_program``)
 
 
@@ -480,11 +481,12 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             return kept[1].args
         args = _packed_scenario(scenario)
         if args is not None:
-            grid = scenario.row_classes
+            full = scenario.row_classes is not None
             _SCENARIO_ARGS[key] = (kept[0], _Packed(
-                args, None if grid is None else
-                row_pairs(grid, scenario.num_layers, entry_capacities(scenario.num_tenants)),
-                None if grid is None else _packed_scenario(_without_rows(scenario)), {}))
+                args, row_pairs(scenario.row_classes, scenario.num_layers,
+                                entry_capacities(scenario.num_tenants)) if full else None,
+                _packed_scenario(_without_rows(scenario)) if full else None,
+                np.asarray(_pair_layer_stability(scenario)) if full else None, {}))
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
@@ -550,7 +552,20 @@ def _int_vector(ints) -> np.ndarray:
     return np.concatenate(ints, dtype=np.int32, casting="unsafe").ravel()
 
 
-_ONE = np.ones(1, np.float32)  # the layer_stability of rows of no class (padding)
+@jax.jit
+def _pair_layer_stability(scenario: Scenario):
+    """``float32[(M * C + M) * F]``: the ``layer_stability`` of a row in each of the
+    scenario's (class, format) pairs (``rowclasses.RowPairs``' numbers: every class of every
+    tenant in every format, then the rows of no class, which score 1), as
+    :func:`evaluate_one` gives it to a valid plan (1 for absent tenants). A row's score
+    depends on its kind, its format and the tenant's mode alone, so one host plan's
+    ``layer_stability`` is this table taken at its rows' pair numbers."""
+    classes = jax.vmap(class_model)(scenario.coarse_models)  # [M, C, F] pseudo-rows
+    per_pair = jax.vmap(stability.layer_stability, in_axes=(0, 0, None))(
+        classes, scenario.workloads.mode, F.FORMAT_AXIS)
+    per_pair = jnp.where(scenario.present[:, None, None], per_pair, 1.0)
+    m = per_pair.shape[0]
+    return jnp.concatenate([per_pair.ravel(), jnp.ones(m * F.NUM_FORMATS, jnp.float32)])
 
 
 def inline_cpu_dispatch() -> bool:
@@ -707,19 +722,18 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
     compact = (compact_entries(pairs, plan.precision)
                if pairs is not None and pairs.capacities else None)
     if compact is not None:
-        entries, row_entry = compact
+        entries, pair = compact
         layout, arrays = packed.entry_args
-        program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability,
+        program = _host_program(packed.programs, m, l, n_pools, layout, False,
                                 entries.shape[1])
         out, broken = program(arrays, (entries, _int_vector(ints)))
         if broken:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
-            if layer_stability:  # spread over the rows (1 for rows of no class)
-                rows = np.concatenate([out.layer_stability.reshape(-1), _ONE]).take(row_entry)
+            if layer_stability:  # it depends on the rows' formats alone: the pairs' table
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
-                object.__setattr__(out, "layer_stability", rows)
+                object.__setattr__(out, "layer_stability", packed.pair_stability.take(pair))
             return out
     layout, arrays = packed.args
     program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability, 0)

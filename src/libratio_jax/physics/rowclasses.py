@@ -198,13 +198,12 @@ class RowPairs(NamedTuple):
     """Host tables of a full-resolution scenario for :func:`compact_entries`, for entries of
     one of ``capacities`` (ascending) per tenant. Each tenant's (class, format) pairs are
     numbered ``m * C * F + class * F + format`` (``C`` classes, ``F`` formats), then the
-    rows of no class ``M * C * F + m * F + format``."""
+    rows of no class ``M * C * F + m * F + format``: ``size = (M * C + M) * F`` pair
+    numbers in all."""
 
     base: np.ndarray  # intp[M, L]: the pair number of each row in format 0 (``bincount``'s type)
-    code: np.ndarray  # int64[M * C * F]: a class pair's (class * F + format) << ENTRY_SHIFT
-    tenant: np.ndarray  # int64[M * C * F]: a class pair's tenant
-    bounds: np.ndarray  # int64[M + 1]: where each tenant's class pairs start, then their end
-    where: np.ndarray  # int64[(M * C + M) * F]: where a pair's value lies (filled per plan)
+    code: np.ndarray  # int64[M, C * F]: a class pair's (class * F + format) << ENTRY_SHIFT
+    size: int  # pair numbers, class pairs then rows of no class
     capacities: tuple[int, ...]
 
 
@@ -219,41 +218,34 @@ def row_pairs(grid, num_layers: int, capacities) -> RowPairs:
     tenant = np.arange(m, dtype=np.int32)[:, None]
     row_class = row_class[:, :num_layers]
     base = np.where(row_class >= 0, tenant * c * f + row_class * f, m * c * f + tenant * f)
-    where = np.zeros((m * c + m) * f, np.int64)
-    code = np.tile(np.arange(c * f, dtype=np.int64) << ENTRY_SHIFT, m)
-    return RowPairs(base.astype(np.intp), code, np.arange(m * c * f) // (c * f),
-                    np.arange(m + 1) * (c * f), where,
+    code = np.broadcast_to(np.arange(c * f, dtype=np.int64) << ENTRY_SHIFT, (m, c * f))
+    return RowPairs(base.astype(np.intp), code, (m * c + m) * f,
                     tuple(sorted({int(x) for x in np.atleast_1d(capacities)})))
 
 
 def compact_entries(pairs: RowPairs, precision):
     """One plan's formats ``precision`` (host ``[M, L]`` ids in ``[0, F)``) as ``(entries
-    int32[M, capacity], row_entry int[M, L])``, ``capacity`` the smallest of
+    int32[M, capacity], pair intp[M, L])``, ``capacity`` the smallest of
     ``pairs.capacities`` that holds every tenant's pairs: each tenant's (class, format)
-    pairs with their row counts (``ENTRY_SHIFT``), and where each row's value lies among
-    per-entry values laid out ``[M, capacity]`` and flattened (``m * capacity + k`` for entry
-    ``k`` of tenant ``m``), then one value for the rows of no class (``M * capacity``), to
-    spread per-entry values back over the rows with one ``take``; ``None`` when a tenant
-    uses more pairs than the largest capacity. ``pairs``: :func:`row_pairs` of the scenario.
-    (A dozen NumPy calls: one plan's call is latency-bound, ~1 µs per call.)"""
+    pairs with their row counts (``ENTRY_SHIFT``), in the order of their numbers, and each
+    row's pair number (:class:`RowPairs`: a per-pair table, e.g. the scenario's
+    ``layer_stability`` of every pair, is spread over the rows with one ``take``); ``None``
+    when a tenant uses more pairs than the largest capacity. ``pairs``: :func:`row_pairs`
+    of the scenario. (A few NumPy calls on arrays of a few KB: one plan's call is
+    latency-bound, ~1 µs per call.)"""
     m, l = pairs.base.shape
     if l >= 1 << ENTRY_SHIFT:
         return None
-    code = np.add(pairs.base, precision, dtype=np.intp, casting="unsafe")  # [M, L] pair numbers
-    counts = np.bincount(code.ravel(), minlength=pairs.where.size)
-    n = pairs.code.size
-    used = (counts[:n] != 0).nonzero()[0]  # the used class pairs, tenant by tenant
-    first = np.searchsorted(used, pairs.bounds)  # each tenant's first among them
-    bounds = first.tolist()
-    most = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))  # (M >= 1)
+    pair = np.add(pairs.base, precision, dtype=np.intp, casting="unsafe")  # [M, L]
+    counts = np.bincount(pair.ravel(), minlength=pairs.size)[:pairs.code.size]
+    counts = counts.reshape(pairs.code.shape)  # [M, C * F]: the class pairs
+    used = counts != 0
+    per_tenant = used.sum(axis=1)
+    most = int(per_tenant.max())
     cap = next((c for c in pairs.capacities if c >= most), 0)
     if not cap:
         return None
-    tenant = pairs.tenant[used]
-    slot = np.arange(used.size) + (np.arange(0, m * cap, cap) - first[:-1])[tenant]
-    where = pairs.where.copy()
-    where[used] = slot
-    where[n:] = m * cap
     entries = np.zeros((m, cap), np.int32)
-    entries.ravel()[slot] = pairs.code[used] | counts[used]
-    return entries, where.take(code)
+    # Each tenant's pairs in order, then padding (a boolean mask fills row by row).
+    entries[per_tenant[:, None] > np.arange(cap)] = (pairs.code | counts)[used]
+    return entries, pair
