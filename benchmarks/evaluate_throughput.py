@@ -204,8 +204,10 @@ def program_kernels(sc, plan) -> int:
     else:  # by its (class, format) entries, on the scenario without its rows
         layout, args = kernel._packed_scenario(kernel._without_rows(sc))
         packed = (compact[0], kernel._int_vector(ints))
-    program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True, True,
-                              0 if compact is None else compact[0].shape[1], inline)
+    # (by its entries, ``layer_stability`` comes from the scenario's per-pair table)
+    program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
+                              compact is None, 0 if compact is None else compact[0].shape[1],
+                              inline)
     text = program.lower(args, packed).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 
