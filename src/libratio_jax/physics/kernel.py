@@ -460,8 +460,8 @@ class _Packed(NamedTuple):
     args: tuple  # (layout, device arrays): the scenario packed (``_packed_scenario``)
     pairs: RowPairs | None  # ``rowclasses.row_pairs`` of a full-resolution scenario
     entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
-    pair_stability: np.ndarray | None  # float32[pairs.size]: ``pair_layer_stability``
-    programs: dict  # one host plan's programs (``_host_program``)
+    programs: dict  # one host plan's programs (``_host_program``), and its pairs' table of
+    # ``layer_stability`` (``_pair_layer_stability``, made when first needed)
 
 
 _SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | _Packed)
@@ -485,8 +485,7 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             _SCENARIO_ARGS[key] = (kept[0], _Packed(
                 args, row_pairs(scenario.row_classes, scenario.num_layers,
                                 entry_capacities(scenario.num_tenants)) if full else None,
-                _packed_scenario(_without_rows(scenario)) if full else None,
-                np.asarray(_pair_layer_stability(scenario)) if full else None, {}))
+                _packed_scenario(_without_rows(scenario)) if full else None, {}))
             return args
         return None, scenario
     try:  # first sight: remembered, packed on the next call
@@ -550,6 +549,9 @@ def _int_vector(ints) -> np.ndarray:
     if isinstance(ints, np.ndarray):
         return ints.astype(np.int32).ravel()
     return np.concatenate(ints, dtype=np.int32, casting="unsafe").ravel()
+
+
+_PAIR_LAYER_STABILITY = "pair_layer_stability"  # its key among a scenario's programs
 
 
 @jax.jit
@@ -731,9 +733,13 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
             if layer_stability:  # it depends on the rows' formats alone: the pairs' table
+                table = packed.programs.get(_PAIR_LAYER_STABILITY)
+                if table is None:
+                    table = packed.programs[_PAIR_LAYER_STABILITY] = np.asarray(
+                        _pair_layer_stability(scenario))
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
-                object.__setattr__(out, "layer_stability", packed.pair_stability.take(pair))
+                object.__setattr__(out, "layer_stability", table.take(pair))
             return out
     layout, arrays = packed.args
     program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability, 0)
