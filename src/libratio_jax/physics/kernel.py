@@ -460,8 +460,8 @@ class _Packed(NamedTuple):
     args: tuple  # (layout, device arrays): the scenario packed (``_packed_scenario``)
     pairs: RowPairs | None  # ``rowclasses.row_pairs`` of a full-resolution scenario
     entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
-    programs: dict  # one host plan's programs (``_host_program``), and its pairs' table of
-    # ``layer_stability`` (``_pair_layer_stability``, made when first needed)
+    kept: dict  # what one host plan needs, made when first needed: its programs
+    # (``_host_program``) and the pairs' ``layer_stability`` (``_pair_layer_stability``)
 
 
 _SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | _Packed)
@@ -551,7 +551,7 @@ def _int_vector(ints) -> np.ndarray:
     return np.concatenate(ints, dtype=np.int32, casting="unsafe").ravel()
 
 
-_PAIR_LAYER_STABILITY = "pair_layer_stability"  # its key among a scenario's programs
+_PAIR_LAYER_STABILITY = "pair_layer_stability"  # its key in ``_Packed.kept``
 
 
 @jax.jit
@@ -726,38 +726,39 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
     if compact is not None:
         entries, pair = compact
         layout, arrays = packed.entry_args
-        program = _host_program(packed.programs, m, l, n_pools, layout, False,
+        program = _host_program(packed.kept, m, l, n_pools, layout, False,
                                 entries.shape[1])
         out, broken = program(arrays, (entries, _int_vector(ints)))
         if broken:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
             if layer_stability:  # it depends on the rows' formats alone: the pairs' table
-                table = packed.programs.get(_PAIR_LAYER_STABILITY)
+                table = packed.kept.get(_PAIR_LAYER_STABILITY)
                 if table is None:
-                    table = packed.programs[_PAIR_LAYER_STABILITY] = np.asarray(
+                    table = packed.kept[_PAIR_LAYER_STABILITY] = np.asarray(
                         _pair_layer_stability(scenario))
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", table.take(pair))
             return out
     layout, arrays = packed.args
-    program = _host_program(packed.programs, m, l, n_pools, layout, layer_stability, 0)
+    program = _host_program(packed.kept, m, l, n_pools, layout, layer_stability, 0)
     out, broken = program(arrays, _plan_vector(plan.precision, ints))
     if broken:
         validate_plan(scenario, plan)
     return out
 
 
-def _host_program(programs: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
+def _host_program(kept: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
                   capacity: int):
-    """:func:`_program` of one host plan with its rules, kept in the scenario's ``programs``
-    (looking it up by its arguments would hash the scenario's layout, ~2 µs a call)."""
+    """:func:`_program` of one host plan with its rules, kept with the scenario
+    (``_Packed.kept``: looking it up by its arguments would hash the scenario's layout, ~2 µs
+    a call)."""
     key = (m, l, n_pools, layer_stability, capacity)
-    program = programs.get(key)
+    program = kept.get(key)
     if program is None:
-        program = programs[key] = _program((), m, l, n_pools, layout, True, layer_stability,
-                                           capacity, True)
+        program = kept[key] = _program((), m, l, n_pools, layout, True, layer_stability,
+                                       capacity, True)
     return program
 
 
