@@ -99,17 +99,19 @@ def test_nested_batch_axes():
 def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     """A plan of NumPy arrays is sent as one packed vector (any integer dtypes, a boolean
     recompute), the scenario as a few packed arrays: the metrics equal those of the plan as
-    device arrays and of the scenario as it is, bit for bit."""
+    device arrays and of the scenario as it is (other programs: up to float rounding; a
+    wrapped or misread value would change them far more)."""
     sc = lj.reference_scenario(block_groups=1)
     plans = jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]) if batch_shape
                          else x[0], sample_plans(sc, 6, seed=7))
     host = jax.tree.map(lambda x: np.asarray(x, np.int64), plans)
     host = host.replace(recompute=host.recompute.astype(bool))
     assert _pack_plan(host) is not None and _pack_plan(plans) is None
-    chex.assert_trees_all_equal(lj.evaluate(sc, host), lj.evaluate(sc, plans))
+    chex.assert_trees_all_close(lj.evaluate(sc, host), lj.evaluate(sc, plans), rtol=1e-6)
     narrow = plans.replace(gpus=plans.gpus.astype(jnp.uint8), tp=plans.tp.astype(jnp.int16),
                            micro_batch=plans.micro_batch.astype(jnp.int8))
-    chex.assert_trees_all_equal(lj.evaluate(sc, narrow), lj.evaluate(sc, plans))  # no wrap
+    chex.assert_trees_all_close(lj.evaluate(sc, narrow), lj.evaluate(sc, plans),
+                                rtol=1e-6)  # no wrap
     if batch_shape:
         return  # the scenario's packing is the same for every batch shape
     # From its second call on, the scenario travels packed into arrays of <= 512 bytes, kept
@@ -131,7 +133,7 @@ def test_host_plans_travel_packed_with_the_same_metrics(batch_shape):
     for x in jax.tree.leaves(read_only):
         x.flags.writeable = False
     assert _scenario_args(read_only) == _scenario_args(read_only) == (None, read_only)
-    chex.assert_trees_all_equal(lj.evaluate(writable, host), lj.evaluate(sc, host))
+    chex.assert_trees_all_close(lj.evaluate(writable, host), lj.evaluate(sc, host), rtol=1e-6)
 
 
 def test_no_retrace_for_new_scenario_of_same_capacity():
@@ -576,12 +578,16 @@ def test_float_inputs_are_traced_without_validation():
     assert out.shape == (4, 4) and jnp.all(jnp.isfinite(out))
 
 
-def test_chunked_batch_equals_single_pass(monkeypatch):
-    """Batches above the CPU chunk size run as a lax.map over chunks, padded then cut."""
+@pytest.mark.parametrize("full", [False, True])
+def test_chunked_batch_equals_single_pass(monkeypatch, full):
+    """Batches above the CPU chunk size run as a lax.map over chunks, padded then cut (at
+    full resolution the per-row scores after the chunks, of the whole batch)."""
     from libratio_jax.physics import kernel
 
-    sc = lj.reference_scenario(block_groups=1)
+    sc = _tiny_full_resolution() if full else lj.reference_scenario(block_groups=1)
     plans = sample_plans(sc, 10, seed=8)
+    if full:  # hostile plans: invalid tenants score their sanitized rows
+        plans = _spoiled(plans, np.int32)
     whole = jax.jit(kernel.evaluate_batch)(sc, plans)
     monkeypatch.setattr(kernel, "CPU_CHUNK", 4)  # 3 chunks, 2 padded plans
     chunked = jax.jit(kernel.evaluate_batch)(sc, plans)
