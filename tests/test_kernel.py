@@ -390,6 +390,18 @@ def test_class_counts_equal_row_by_row_physics(dtype):
                                 by_class, rtol=1e-6)
 
 
+def test_merged_batch_equals_single_plan_physics():
+    """A batch of merged-row plans (its ``layer_stability`` computed after the chunks) gives
+    the metrics of each plan alone, hostile plans included: an invalid tenant's rows score
+    as its sanitized formats, in the batch as alone."""
+    sc = lj.reference_scenario(block_groups=1)
+    plans = _spoiled(sample_plans(sc, 48, seed=6), np.int32)
+    batched = jax.jit(lambda p: lj.evaluate(sc, p))(plans)
+    single = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    assert 0.3 < np.asarray(single.plan_valid).mean() < 1.0
+    chex.assert_trees_all_close(batched, single, rtol=1e-6)
+
+
 def test_class_extrema_read_only_the_formats_a_plan_holds():
     """The class model holds every format of every class whatever the plan; the extrema of
     the physics (ZeRO-3's largest gathered layer, the worst row score behind ``diverges``)
