@@ -592,8 +592,8 @@ def test_float_inputs_are_traced_without_validation():
 
 @pytest.mark.parametrize("full", [False, True])
 def test_chunked_batch_equals_single_pass(monkeypatch, full):
-    """Batches above the CPU chunk size run as a lax.map over chunks, padded then cut (at
-    full resolution the per-row scores after the chunks, of the whole batch)."""
+    """Batches above the CPU chunk size run as a lax.map over chunks, padded then cut (the
+    per-row scores after the chunks, of the whole batch), merged rows or full resolution."""
     from libratio_jax.physics import kernel
 
     sc = _tiny_full_resolution() if full else lj.reference_scenario(block_groups=1)
