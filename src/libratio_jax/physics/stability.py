@@ -27,7 +27,7 @@ import numpy as np
 
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.rowclasses import row_present, row_sum
+from libratio_jax.physics.rowclasses import row_sum
 from libratio_jax.physics.scenario import TRAIN
 
 # Relative error tolerated per kind (training), in KIND_NAMES order.
@@ -95,6 +95,9 @@ def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weig
     log_sum = row_sum(logs * weight, row_weight) + kv_log
     count = row_sum(weight, row_weight) + serving
     score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
-    worst = jnp.minimum(jnp.min(jnp.where(row_present(model.valid, row_weight), logs, 0.0)),
-                        kv_log)
-    return jnp.exp(logs), score, worst < np.log(DIVERGENCE_THRESHOLD)
+    # Diverges when a row in the plan scores below the threshold: counted rather than a
+    # minimum over the rows present, so that with format counts (``row_weight``) it is one
+    # more contraction of the counts with a plan-independent term, not a per-plan extremum.
+    below = np.float32(np.log(DIVERGENCE_THRESHOLD))
+    rows_below = row_sum(jnp.where(model.valid & (logs < below), 1.0, 0.0), row_weight)
+    return jnp.exp(logs), score, (rows_below > 0.0) | (kv_log < below)

@@ -96,18 +96,20 @@ def effective_compute_class(peak_flops):
 
 
 def format_speed_columns(peak_flops, clock=1.0):
-    """``[F, 5]`` per-format columns on one GPU kind: seconds per FLOP at the sustained rate,
-    fixed seconds per GEMM, activation bytes, cast bytes per GEMM input element, storage
-    bytes."""
+    """``[F, 2]`` per-format columns on one GPU kind: seconds per FLOP at the sustained rate,
+    fixed seconds per GEMM (the columns that depend on the GPU; :func:`format_bytes_columns`
+    has the rest)."""
     cc = effective_compute_class(peak_flops)
     rate = peak_flops[cc] * _t(MFU)[cc] * clock
-    return jnp.stack([
-        1.0 / rate,
-        _t(GEMM_FIXED_SECONDS)[cc],
-        _t(F.ACTIVATION_BYTES),
-        _t(F.CAST_BYTES),
-        _t(F.STORAGE_BYTES),
-    ], axis=-1)
+    return jnp.stack([1.0 / rate, _t(GEMM_FIXED_SECONDS)[cc]], axis=-1)
+
+
+def format_bytes_columns():
+    """``[F, 3]`` per-format columns that do not depend on the GPU: activation bytes, cast
+    bytes per GEMM input element, storage bytes. (Apart from :func:`format_speed_columns`:
+    under ``vmap`` over plans, whose pools differ, only the speed columns are batched, so
+    the plan-independent row sums stay contractions.)"""
+    return jnp.stack([_t(F.ACTIVATION_BYTES), _t(F.CAST_BYTES), _t(F.STORAGE_BYTES)], axis=-1)
 
 
 def allreduce_seconds(size_bytes, n, bandwidth):
@@ -148,7 +150,8 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
                       pool["network_bytes_per_second"])
 
     cols = format_speed_columns(peak, clock)
-    seconds_per_flop, t_fixed_gemm, act_bytes, cast, storage = F.select_columns(precision, cols)
+    seconds_per_flop, t_fixed_gemm = F.select_columns(precision, cols)
+    act_bytes, cast, storage = F.select_columns(precision, format_bytes_columns())
     valid = model.valid
     is_gemm = model.flops_per_token > 0
     is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
