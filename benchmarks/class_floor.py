@@ -49,7 +49,7 @@ from common import add_output_args, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
-from libratio_jax.physics.kernel import cpu_chunk, evaluate_batch, map_chunks  # noqa: E402
+from libratio_jax.physics.kernel import class_chunk, evaluate_batch, map_chunks  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.physics.rowclasses import format_counts  # noqa: E402
 
@@ -64,7 +64,7 @@ def stages(grid, tables):
         return jnp.sum(p.precision.astype(jnp.int32), axis=(1, 2))[:, None]
 
     def count(p, level):
-        n = format_counts(grid, p.precision)  # [b, M, C, F] float32
+        n = jnp.moveaxis(format_counts(grid, p.precision), -1, 0)  # [b, M, C, F] float32
         if level == 0:
             return jnp.sum(n, axis=(2, 3))
         out = [jnp.einsum("bmcf,mcfk->bmk", n, table)]
@@ -91,7 +91,7 @@ def main(argv=None) -> list[dict]:
     add_output_args(ap)
     args = ap.parse_args(argv)
     sc = lj.reference_scenario()
-    chunk = cpu_chunk(sc.num_tenants * sc.row_classes.shape[1] * F.NUM_FORMATS)  # as evaluate
+    chunk = class_chunk(sc)  # as evaluate
     if args.batch < chunk or args.batch % chunk:
         ap.error(f"--batch must be a multiple of {chunk} (the chunk lj.evaluate uses here)")
     grid = sc.row_classes

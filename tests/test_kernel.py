@@ -217,7 +217,7 @@ def test_format_counts_equal_a_numpy_count(dtype):
         ids[rng.random(ids.shape) < 0.05] = np.nan
         ids[rng.random(ids.shape) < 0.05] = 2.5
     ids = (ids % 2 == 1) if dtype == np.bool_ else ids.astype(dtype)
-    got = np.asarray(jax.jit(format_counts)(grid, ids))
+    got = np.moveaxis(np.asarray(jax.jit(format_counts)(grid, ids)), -1, 0)  # [B, M, C, F]
     want = np.zeros(got.shape)
     for b, m, j, s in np.ndindex(5, *grid.shape):
         r = grid[m, j, s]
@@ -229,7 +229,7 @@ def test_format_counts_equal_a_numpy_count(dtype):
     if dtype == np.int32:  # a class of 300 rows: 8-bit counters widened before they overflow
         one = np.zeros((1, 1, 300), np.int32)
         counts = format_counts(np.arange(300, dtype=np.int32).reshape(1, 1, 300), one)
-        assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0
+        assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0  # [M, C, F, B]
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int16])

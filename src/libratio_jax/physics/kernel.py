@@ -269,18 +269,36 @@ def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
 # x formats when summed by class) per chunk. Measured on the 2-core machine (one process,
 # plans/s against the chunk size): 4 x 399 rows 134 k at 512 plans, 104 k at 1,024, 63 k at
 # 4,096; class counts (4 x 16 x 12) 149 k at 256, 172 k at 512, 164 k at 1,024, 78 k at
-# 4,096; merged rows (4 x 16) 0.93 M at 256, 1.1 M at 2,048 and more.
+# 4,096 (before the thirteenth round: see CLASS_CHUNK_ENTRIES); merged rows (4 x 16) 0.93 M at
+# 256, 1.1 M at 2,048 and more.
 CPU_CHUNK_ENTRIES = 1 << 20
 CPU_CHUNK = 4096  # at most this many plans per chunk
 
 
-def cpu_chunk(entries_per_plan: int) -> int:
+# Counted by class, a chunk holds half as many entries: since the counts are batch-last
+# (``rowclasses.format_counts``) and the plan-independent sums contractions (thirteenth
+# round), the per-entry terms left are the roofline's and the largest layer's, and smaller
+# chunks keep them in the 2 MB L2. Measured in one process (reference scenario, 16,384
+# plans, no ``layer_stability``): 256 plans 260-264 k plans/s, 512 276-288 k, 1,024
+# 253-254 k, 2,048 210-219 k.
+CLASS_CHUNK_ENTRIES = CPU_CHUNK_ENTRIES // 2
+
+
+def cpu_chunk(entries_per_plan: int, budget: int = CPU_CHUNK_ENTRIES) -> int:
     """Plans per chunk on CPU for plans of ``entries_per_plan`` entries: the power of two
-    nearest below ``CPU_CHUNK_ENTRIES / entries_per_plan``, between 256 and ``CPU_CHUNK``
-    (never more than ``CPU_CHUNK``). Reference scenario: 512 row by row at full resolution,
-    1,024 by class, 4,096 with merged rows."""
-    n = max(CPU_CHUNK_ENTRIES // max(entries_per_plan, 1), 1)
+    nearest below ``budget / entries_per_plan`` (default ``CPU_CHUNK_ENTRIES``), between 256
+    and ``CPU_CHUNK`` (never more than ``CPU_CHUNK``). Reference scenario: 512 row by row at
+    full resolution, 4,096 with merged rows; :func:`class_chunk` by class."""
+    n = max(budget // max(entries_per_plan, 1), 1)
     return min(max(1 << (n.bit_length() - 1), 256), CPU_CHUNK)
+
+
+def class_chunk(scenario: Scenario) -> int:
+    """Plans per chunk on CPU when a full-resolution scenario's plans are counted by class
+    (``tenant slots x classes x formats`` entries per plan within ``CLASS_CHUNK_ENTRIES``):
+    512 on the reference scenario."""
+    return cpu_chunk(scenario.num_tenants * scenario.row_classes.shape[-2] * F.NUM_FORMATS,
+                     CLASS_CHUNK_ENTRIES)
 
 
 def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = True) -> Metrics:
@@ -297,10 +315,10 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         size = cpu_chunk(m * l)
     else:
         def chunk(p):
-            counts = format_counts(scenario.row_classes, p.precision)
-            return jax.vmap(lambda q, n: evaluate_counted(scenario, q, n,
-                                                          layer_stability=False))(p, counts)
-        size = cpu_chunk(m * scenario.row_classes.shape[-2] * F.NUM_FORMATS)
+            counts = format_counts(scenario.row_classes, p.precision)  # [M, C, F, b]
+            return jax.vmap(lambda q, n: evaluate_counted(scenario, q, n, layer_stability=False),
+                            in_axes=(0, 3))(p, counts)
+        size = class_chunk(scenario)
     out = map_chunks(chunk, plan, size)
     if not layer_stability:
         return out
@@ -351,37 +369,6 @@ def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = T
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
     out = evaluate_batch(scenario, flat, layer_stability=layer_stability)
     return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
-
-
-# XLA's CPU instruction scheduler for batched evaluation: with many rows per plan the
-# memory-optimized order keeps the per-row intermediates in cache. Measured in one process
-# (batch 4,096, 2-core CPU, against the default scheduler): 4 x 399 rows +18%, 4 x 267 +36%,
-# 4 x 179 +32%; 4 x 91 rows -18%, 4 x 14 rows -16%. Hence from 512 rows per plan on.
-MEMORY_SCHEDULER_ROWS = 512
-
-
-def compiler_options(batch_shape: tuple[int, ...], rows_per_plan: int) -> dict | None:
-    """XLA options for evaluating plans of ``rows_per_plan`` rows (tenant slots x rows per
-    model) with leading axes ``batch_shape``: the memory-optimized scheduler for batches of
-    large plans on CPU (see ``MEMORY_SCHEDULER_ROWS``), else XLA's defaults (``None``)."""
-    if (math.prod(batch_shape) > 1 and rows_per_plan >= MEMORY_SCHEDULER_ROWS
-            and jax.default_backend() == "cpu" and _memory_scheduler_available()):
-        return dict(_MEMORY_SCHEDULER)
-    return None
-
-
-_MEMORY_SCHEDULER = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-
-
-@functools.cache
-def _memory_scheduler_available() -> bool:
-    """Whether this JAX takes the option (compiling a trivial program with it, once): older
-    XLA releases have no such scheduler, and an unknown option is a compile error."""
-    try:
-        jax.jit(lambda x: x + 1, compiler_options=_MEMORY_SCHEDULER).lower(1.0).compile()
-    except Exception:  # noqa: BLE001 - TypeError (no compiler_options) or an unknown option
-        return False
-    return True
 
 
 def _inline_dispatch() -> bool:
@@ -444,7 +431,7 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
             outputs.append(layout)
         return arrays
 
-    program = jax.jit(run, compiler_options=compiler_options(batch_shape, m * l))
+    program = jax.jit(run)
     if not pack_outputs:
         return program
 

@@ -111,9 +111,14 @@ def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: 
 
 
 def format_counts(grid, precision) -> jnp.ndarray:
-    """``float32[B, M, classes, F]`` rows of each class holding each format, for plans
-    ``precision [B, M, L]`` (any numeric dtype). Ids outside ``[0, F)``, and non-integral
-    values, are not counted (compare the total with the class sizes to flag them)."""
+    """``float32[M, classes, F, B]`` rows of each class holding each format, for plans
+    ``precision [B, M, L]`` (any numeric dtype), the batch axis last: the counts' only
+    consumers are contractions over ``(classes, F)`` and elementwise terms that broadcast
+    per-plan scalars over them, both of which read the batch as the minor, vectorized axis
+    (``physics.kernel.evaluate_batch`` maps over it with ``vmap(..., in_axes=3)``; a copy
+    back to ``[B, M, classes, F]`` cost ~0.5 µs per plan). Ids outside ``[0, F)``, and
+    non-integral values, are not counted (compare the total with the class sizes to flag
+    them)."""
     b, m, l = precision.shape
     p = jnp.asarray(precision)
     if jnp.issubdtype(p.dtype, jnp.integer) or p.dtype == jnp.bool_:
@@ -130,9 +135,9 @@ def format_counts(grid, precision) -> jnp.ndarray:
         for s in range(start, min(start + _U8_SLOTS, slots.shape[2])):
             x = slots[:, :, s]
             acc = [a + (x == f).astype(jnp.uint8) for f, a in enumerate(acc)]
-        part = jnp.stack(acc, axis=-1).astype(jnp.float32)  # [M, classes, B, F]
+        part = jnp.stack(acc, axis=2).astype(jnp.float32)  # [M, classes, F, B]
         total = part if total is None else total + part
-    return jnp.transpose(total, (2, 0, 1, 3))
+    return total
 
 
 def class_model(coarse):
