@@ -594,14 +594,14 @@ def _integral(x, lo, hi):
     return jnp.where(ok, xf, lo).astype(jnp.int32), ok
 
 
-def sanitize_fields(scenario, plan: Plan, precision_ok) -> tuple[dict, jnp.ndarray]:
+def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.ndarray]:
     """:func:`sanitize_plan` of the integer fields ``[M]`` given whether each tenant's row
     formats are in their domain (``precision_ok[M]``): ``(safe fields by name, valid[M])``,
     the idle plan's values for every invalid or absent tenant. ``plan.precision`` is not
-    read (the class-count path checks the formats while counting them)."""
-    idle = Plan.idle(scenario.num_tenants, 1)
+    read (the class-count path checks the formats while counting them, and a batch
+    sanitizes its fields before that: :func:`gate_fields`)."""
     n_pools = scenario.cluster.gpu_count.shape[-1]
-    ok = precision_ok
+    ok = jnp.bool_(True)
     big = INT_LIMIT
     fields = {}
     for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
@@ -622,8 +622,24 @@ def sanitize_fields(scenario, plan: Plan, precision_ok) -> tuple[dict, jnp.ndarr
                  & (fields["gpus"] % (tp * pp) == 0)
                  & (pp <= models.n_blocks.astype(jnp.int32)))
     valid = ~scenario.present | (ok & (structure | ~has_gpus))
-    keep = valid & scenario.present
-    return {k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()}, valid
+    return gate_fields(scenario, _idle_unless(scenario, fields, valid & scenario.present),
+                       valid, precision_ok)
+
+
+def gate_fields(scenario, fields: dict, fields_valid, precision_ok) -> tuple[dict, jnp.ndarray]:
+    """``sanitize_fields(scenario, plan, precision_ok)`` from ``(fields, fields_valid) =
+    sanitize_fields(scenario, plan)`` (every tenant's formats taken as in their domain) and
+    the formats' verdict ``precision_ok[M]``. A batch sanitizes its fields once, before its
+    chunks count the formats (``physics.kernel.evaluate_batch``): inside a chunk XLA's CPU
+    compiler copied the ~60 checks into every per-entry kernel of the class physics."""
+    return (_idle_unless(scenario, fields, precision_ok),
+            fields_valid & (precision_ok | ~scenario.present))
+
+
+def _idle_unless(scenario, fields: dict, keep) -> dict:
+    """The fields, the idle plan's values where ``keep[M]`` is False."""
+    idle = Plan.idle(scenario.num_tenants, 1)
+    return {k: jnp.where(keep, v, getattr(idle, k)) for k, v in fields.items()}
 
 
 # Menus: the values a random plan and the factorized plan space (agents/plan_space.py) choose
