@@ -271,3 +271,35 @@ def test_integers_beyond_the_domain_are_refused_not_wrapped(value):
     if value < 2**31:  # (in int32, as a program holds it)
         assert bool(jax.jit(breaks_rules)(sc, jax.tree.map(lambda x: x.astype(np.int32), one)))
         assert not lj.evaluate(sc, one, validate=False).plan_valid[i]
+
+
+def test_gate_fields_equals_sanitizing_with_the_formats_verdict():
+    """A batch sanitizes its integer fields first and applies the formats' verdict after
+    (``gate_fields``, ``evaluate_batch``): the same fields and verdict as ``sanitize_fields``
+    given that verdict at once, on hostile fields (out-of-domain degrees, pools, stages,
+    negative and huge GPU counts), with an empty tenant slot, for every verdict."""
+    import jax
+
+    from libratio_jax.physics.plan import gate_fields, sanitize_fields
+
+    sc = lj.Scenario.build(
+        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
+        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
+         lj.Tenant("Mixtral-8x7B", dict(mode="serve", batch=8, seq_len=2048))],
+        max_tenants=3, block_groups=1)
+    n = 256
+    plans = sample_plans(sc, n, seed=3)
+    rng = np.random.default_rng(3)
+    hostile = {f: np.where(rng.random((n, 3)) < 0.3,
+                           rng.choice([-5, 0, 3, 7, 2**31 - 1], size=(n, 3)),
+                           np.asarray(getattr(plans, f)))
+               for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "pool", "micro_batch")}
+    plans = plans.replace(**hostile)
+    verdict = rng.random((n, 3)) < 0.7
+    want, want_valid = jax.vmap(lambda p, ok: sanitize_fields(sc, p, ok))(plans, verdict)
+    got, got_valid = jax.vmap(lambda p, ok: gate_fields(sc, *sanitize_fields(sc, p), ok))(
+        plans, verdict)
+    np.testing.assert_array_equal(np.asarray(got_valid), np.asarray(want_valid))
+    assert 0.2 < float(np.mean(want_valid)) < 0.9
+    for f in want:
+        np.testing.assert_array_equal(np.asarray(got[f]), np.asarray(want[f]), err_msg=f)

@@ -601,7 +601,7 @@ def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.
     read (the class-count path checks the formats while counting them, and a batch
     sanitizes its fields before that: :func:`gate_fields`)."""
     n_pools = scenario.cluster.gpu_count.shape[-1]
-    ok = jnp.bool_(True)
+    ok = precision_ok
     big = INT_LIMIT
     fields = {}
     for name, lo, hi in (("gpus", 0, big), ("zero_stage", 0, 3), ("recompute", 0, 1),
@@ -622,16 +622,16 @@ def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.
                  & (fields["gpus"] % (tp * pp) == 0)
                  & (pp <= models.n_blocks.astype(jnp.int32)))
     valid = ~scenario.present | (ok & (structure | ~has_gpus))
-    return gate_fields(scenario, _idle_unless(scenario, fields, valid & scenario.present),
-                       valid, precision_ok)
+    return _idle_unless(scenario, fields, valid & scenario.present), valid
 
 
 def gate_fields(scenario, fields: dict, fields_valid, precision_ok) -> tuple[dict, jnp.ndarray]:
     """``sanitize_fields(scenario, plan, precision_ok)`` from ``(fields, fields_valid) =
     sanitize_fields(scenario, plan)`` (every tenant's formats taken as in their domain) and
-    the formats' verdict ``precision_ok[M]``. A batch sanitizes its fields once, before its
-    chunks count the formats (``physics.kernel.evaluate_batch``): inside a chunk XLA's CPU
-    compiler copied the ~60 checks into every per-entry kernel of the class physics."""
+    the formats' verdict ``precision_ok[M]`` (equal: ``tests/test_plan.py``). A batch
+    sanitizes its fields once, before its chunks count the formats
+    (``physics.kernel.evaluate_batch``): inside a chunk XLA's CPU compiler copied the ~60
+    checks into every per-entry kernel of the class physics."""
     return (_idle_unless(scenario, fields, precision_ok),
             fields_valid & (precision_ok | ~scenario.present))
 
