@@ -64,18 +64,18 @@ def stages(grid, tables):
         return jnp.sum(p.precision.astype(jnp.int32), axis=(1, 2))[:, None]
 
     def count(p, level):
-        n = jnp.moveaxis(format_counts(grid, p.precision), -1, 0)  # [b, M, C, F] float32
+        n = format_counts(grid, p.precision)  # [M, C, F, b] float32, batch last as evaluate
         if level == 0:
-            return jnp.sum(n, axis=(2, 3))
-        out = [jnp.einsum("bmcf,mcfk->bmk", n, table)]
-        w = (p.micro_batch.astype(jnp.float32) + 1.0)[:, :, None, None]
-        r = (p.gpus.astype(jnp.float32) + 0.5)[:, :, None, None]
+            return jnp.sum(n, axis=(1, 2)).T
+        out = [jnp.einsum("mcfb,mcfk->bmk", n, table)]
+        w = (p.micro_batch.astype(jnp.float32) + 1.0).T[:, None, None, :]  # [M, 1, 1, b]
+        r = (p.gpus.astype(jnp.float32) + 0.5).T[:, None, None, :]
         if level >= 2:
-            roof = jnp.maximum(w * a, r * b + w * c)
-            out.append(jnp.sum(n * roof, axis=(2, 3))[..., None])
+            roof = jnp.maximum(w * a[..., None], r * b[..., None] + w * c[..., None])
+            out.append(jnp.sum(n * roof, axis=(1, 2)).T[..., None])
         if level >= 3:
-            out.append(jnp.max(jnp.where(n > 0, g, 0.0), axis=(2, 3))[..., None])
-        return jnp.concatenate(out, axis=-1).reshape(n.shape[0], -1)
+            out.append(jnp.max(jnp.where(n > 0, g[..., None], 0.0), axis=(1, 2)).T[..., None])
+        return jnp.concatenate(out, axis=-1).reshape(n.shape[-1], -1)
 
     return {"read": read, "count": functools.partial(count, level=0),
             "count + sums": functools.partial(count, level=1),
