@@ -216,6 +216,7 @@ def test_format_counts_equal_a_numpy_count(dtype):
     if dtype == np.float32:
         ids[rng.random(ids.shape) < 0.05] = np.nan
         ids[rng.random(ids.shape) < 0.05] = 2.5
+    ids[0] = rng.integers(0, 12, size=ids[0].shape)  # one plan of valid ids only
     ids = (ids % 2 == 1) if dtype == np.bool_ else ids.astype(dtype)
     got = np.moveaxis(np.asarray(jax.jit(format_counts)(grid, ids)), -1, 0)  # [B, M, C, F]
     want = np.zeros(got.shape)
@@ -226,10 +227,34 @@ def test_format_counts_equal_a_numpy_count(dtype):
             if 0 <= v < 12 and v == int(v):
                 want[b, m, j, int(v)] += 1
     np.testing.assert_array_equal(got, want)
+    # with_complete: the same counts, and whether every row of the tenant's classes counted
+    counts, complete = jax.jit(functools.partial(format_counts, with_complete=True))(grid, ids)
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(counts), -1, 0), want)
+    sizes = (grid < l).sum(axis=(1, 2))  # [M] rows in the tenant's classes
+    np.testing.assert_array_equal(np.asarray(complete).T, want.sum(axis=(2, 3)) == sizes)
+    assert np.asarray(complete).any() and (dtype == np.bool_ or not np.asarray(complete).all())
     if dtype == np.int32:  # a class of 300 rows: 8-bit counters widened before they overflow
         one = np.zeros((1, 1, 300), np.int32)
-        counts = format_counts(np.arange(300, dtype=np.int32).reshape(1, 1, 300), one)
+        big = np.arange(300, dtype=np.int32).reshape(1, 1, 300)
+        counts, complete = format_counts(big, one, with_complete=True)
         assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0  # [M, C, F, B]
+        assert bool(complete[0, 0])
+        last_bad = np.where(np.arange(300) == 299, 12, one)  # the 300th row out of domain
+        assert not bool(format_counts(big, last_bad, with_complete=True)[1][0, 0])
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 12, 5), (3, 5, 7, 4), (1, 1, 1, 3), (2, 3, 1, 2)])
+def test_class_total_equals_a_numpy_reduction(shape):
+    """``rowclasses.class_total`` (halves combined elementwise) sums and maximizes over the
+    classes and formats of ``[M, C, F, B]`` terms as NumPy does, odd sizes included."""
+    from libratio_jax.physics.rowclasses import class_total
+
+    x = np.random.default_rng(sum(shape)).normal(size=shape).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(jax.jit(class_total)(x)), x.sum(axis=(1, 2)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(functools.partial(class_total, op=jnp.maximum))(x)),
+        x.max(axis=(1, 2)))
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int16])

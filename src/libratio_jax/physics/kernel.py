@@ -29,7 +29,7 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import safety, stability
 from libratio_jax.physics.architecture import ROW_FIELDS
-from libratio_jax.physics.memory import tenant_memory
+from libratio_jax.physics.memory import layer_gather_bytes, tenant_memory
 from libratio_jax.physics.packing import leaf_reader, pack, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
@@ -46,6 +46,7 @@ from libratio_jax.physics.rowclasses import (
     ENTRY_SHIFT,
     RowPairs,
     class_model,
+    class_total,
     compact_entries,
     entry_model,
     format_counts,
@@ -53,7 +54,12 @@ from libratio_jax.physics.rowclasses import (
 )
 from libratio_jax.physics.scenario import Scenario
 from libratio_jax.physics.stability import tenant_stability
-from libratio_jax.physics.throughput import tenant_step_time
+from libratio_jax.physics.throughput import (
+    roofline_factors,
+    roofline_rows,
+    row_roofline,
+    tenant_step_time,
+)
 
 
 @struct.dataclass
@@ -117,18 +123,27 @@ _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes
                 "slowdown_celsius", "shutdown_celsius", "thermal_resistance_celsius_per_watt")
 
 
-def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, row_weight, gpus,
-                    tp, pp, zero_stage, recompute, kv_precision, micro_batch):
-    """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict; each row of
-    ``model`` counted ``row_weight`` times (None: once)."""
+def _layout(gpus, tp, pp, micro_batch):
+    """A tenant's sanitized ``(tp, pp, dp, micro_batch)``: degrees of at least 1, ``dp`` the
+    GPUs left to data parallelism, the micro-batch as float32."""
     tp_ = jnp.maximum(tp, 1)
     pp_ = jnp.maximum(pp, 1)
     dp = jnp.maximum(gpus // (tp_ * pp_), 1)
-    mb = jnp.maximum(micro_batch, 1).astype(jnp.float32)
+    return tp_, pp_, dp, jnp.maximum(micro_batch, 1).astype(jnp.float32)
+
+
+def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, row_weight, sums,
+                    gpus, tp, pp, zero_stage, recompute, kv_precision, micro_batch):
+    """All per-tenant metrics (scalars, plus ``[L]`` layer scores) as a dict; each row of
+    ``model`` counted ``row_weight`` times (None: once); ``sums`` the plan-dependent row
+    sums if the caller has them (:func:`_class_row_sums`), else None."""
+    tp_, pp_, dp, mb = _layout(gpus, tp, pp, micro_batch)
     mem = tenant_memory(model, workload, precision, kv_precision, tp_, pp_, dp, zero_stage,
-                        recompute, mb, row_weight=row_weight)
+                        recompute, mb, row_weight=row_weight,
+                        largest_layer_bytes=None if sums is None else sums["largest_layer"])
     st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
-                          zero_stage, recompute, mb, row_weight=row_weight)
+                          zero_stage, recompute, mb, row_weight=row_weight,
+                          row_sums=None if sums is None else (sums["roof"], sums["launches"]))
     # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows).
     bf16 = jnp.full_like(coarse.kind, F.BF16)
     st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
@@ -184,21 +199,27 @@ def evaluate_sanitized(scenario: Scenario, plan: Plan, plan_valid) -> Metrics:
                              {f: getattr(plan, f) for f in INT_FIELDS}, plan_valid)
 
 
+def _tenant_pools(cluster, pool_field):
+    """Each tenant's pool scalars (``_POOL_FIELDS``, ``[M]`` each) of its ``pool`` field."""
+    pool_idx = jnp.clip(pool_field, 0, cluster.gpu_count.shape[-1] - 1)
+    return pool_idx, {k: getattr(cluster, k)[pool_idx] for k in _POOL_FIELDS}
+
+
 def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fields,
-                      plan_valid, row_weight=None) -> Metrics:
+                      plan_valid, row_weight=None, sums=None) -> Metrics:
     """Metrics of sanitized ``fields`` (``[M]`` each) with the row formats ``precision`` of
     ``models`` (``[M, L]`` and the scenario's models, or ``formats.FORMAT_AXIS`` and the
     class models of ``rowclasses.class_model``, ``precision_axis`` None, each row
-    counted ``row_weight[M, C, F]`` times)."""
+    counted ``row_weight[M, C, F]`` times, ``sums`` the plan-dependent sums if known)."""
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
-    pool_idx = jnp.clip(fields["pool"], 0, n_pools - 1)
-    pools = {k: getattr(c, k)[pool_idx] for k in _POOL_FIELDS}
+    pool_idx, pools = _tenant_pools(c, fields["pool"])
     per_tenant = jax.vmap(_tenant_metrics,
                           in_axes=(0, 0, 0, 0, 0, None, precision_axis,
-                                   None if row_weight is None else 0) + (0,) * 7)(
+                                   None if row_weight is None else 0,
+                                   None if sums is None else 0) + (0,) * 7)(
         models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
-        c.inlet_celsius, precision, row_weight,
+        c.inlet_celsius, precision, row_weight, sums,
         *(fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
                               "micro_batch")))
     active = per_tenant["active"]
@@ -232,18 +253,70 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
     return out.replace(layer_stability=per_row)
 
 
-def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, counts) -> Metrics:
+def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, counts,
+                             complete=None, sums=None) -> Metrics:
     """:func:`evaluate_counted` with ``layer_stability=False`` of a plan's integer fields
-    already through ``sanitize_fields(scenario, plan)`` (``fields_valid[M]`` their verdict)."""
-    rows = jnp.sum(scenario.models.valid, axis=-1).astype(jnp.float32)
-    fields, valid = gate_fields(scenario, fields, fields_valid,
-                                jnp.sum(counts, axis=(-2, -1)) == rows)
+    already through ``sanitize_fields(scenario, plan)`` (``fields_valid[M]`` their verdict);
+    ``complete[M]``, whether every row of the tenant was counted, if known (else from the
+    counts' sum); ``sums`` its plan-dependent row sums if known (:func:`_class_row_sums`)."""
+    if complete is None:
+        rows = jnp.sum(scenario.models.valid, axis=-1).astype(jnp.float32)
+        complete = jnp.sum(counts, axis=(-2, -1)) == rows
+    fields, valid = gate_fields(scenario, fields, fields_valid, complete)
     # An invalid or absent tenant has no GPUs in ``fields``, so every metric of it is gated
     # off and its counts (finite whatever the plan: out-of-domain rows are not counted) need
     # no replacing (XLA would recompute the whole check inside every per-entry kernel).
     out = _evaluate_tenants(scenario, jax.vmap(class_model)(scenario.coarse_models),
-                            F.FORMAT_AXIS, None, fields, valid, counts)
+                            F.FORMAT_AXIS, None, fields, valid, counts, sums)
     return out.replace(layer_stability=None)  # the class model's, not the plan's rows
+
+
+def _class_rows(scenario: Scenario) -> dict:
+    """The plan-independent per-entry terms the class path sums batch-last
+    (:func:`_class_row_sums`), ``[M, C, F, 1]`` each: the roofline's
+    (``throughput.roofline_rows``) and each entry's ZeRO-3 gathered bytes (``-1`` where no
+    row can be)."""
+    models = jax.vmap(class_model)(scenario.coarse_models)
+    rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
+    storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
+    gather = jax.vmap(layer_gather_bytes, in_axes=(0, None))(models, storage)
+    rows["largest_layer"] = jnp.where(models.valid, gather, -1.0)
+    return {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
+
+
+def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
+    """The plan-dependent row sums of plans counted by class, ``[M, b]`` each, computed with
+    the plans' axis last: ``roof`` and ``launches`` (``throughput.row_roofline`` weighted by
+    the counts, before tensor parallelism) and ``largest_layer`` (the largest ZeRO-3
+    gathered bytes of an entry the plan holds). ``fields`` the plans' sanitized integer
+    fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``), ``rows`` of
+    :func:`_class_rows`. Written per plan inside ``vmap``, these sums made XLA transpose
+    the counts to the plans' axis first and write every entry's terms before a contraction
+    (~1.5 µs per plan on the 2-core machine); here they are a few fused elementwise passes
+    over the batch-last counts (``rowclasses.class_total``)."""
+    def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
+        _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
+        return roofline_factors(workload, pool, jnp.maximum(dp, 1).astype(jnp.float32),
+                                recompute, mb, experts_per_token=model.experts_per_token,
+                                n_experts=model.n_experts)
+
+    def plan_factors(f):
+        _, pools = _tenant_pools(scenario.cluster, f["pool"])
+        return jax.vmap(factors)(scenario.workloads, pools, scenario.coarse_models,
+                                 *(f[k] for k in ("gpus", "tp", "pp", "recompute",
+                                                  "micro_batch")))
+
+    r = jax.vmap(plan_factors)(fields)  # [b, M] scalars, [b, M, F] per format
+
+    def batch_last(x):  # -> [M, 1, 1, b] or, per format, [M, 1, F, b]
+        x = jnp.moveaxis(x, 0, -1)
+        return x[:, None, None, :] if x.ndim == 2 else x[:, None, :, :]
+
+    r = jax.tree.map(batch_last, r)
+    roof, launches = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
+    return dict(roof=class_total(counts * roof), launches=class_total(counts * launches),
+                largest_layer=jnp.maximum(class_total(
+                    jnp.where(counts > 0, rows["largest_layer"], -1.0), jnp.maximum), 0.0))
 
 
 def rows_layer_stability(scenario: Scenario, precision, plan_valid):
@@ -323,11 +396,16 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
             return jax.vmap(lambda q: evaluate_one(scenario, q).replace(layer_stability=None))(p)
         args, size = plan, cpu_chunk(m * l)
     else:
+        rows = _class_rows(scenario)
+
         def chunk(args):
             fields, fields_valid, precision = args
-            counts = format_counts(scenario.row_classes, precision)  # [M, C, F, b]
+            counts, complete = format_counts(scenario.row_classes, precision,
+                                             with_complete=True)  # [M, C, F, b], [M, b]
+            sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario),
-                            in_axes=(0, 0, 3))(fields, fields_valid, counts)
+                            in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,
+                                                     sums)
         # The integer fields sanitized once for the whole batch, before the chunks (inside
         # them, XLA copied the checks into every per-entry kernel: 264-277 -> 305-315 k
         # plans/s without layer_stability, alternating processes, 16,384 plans).

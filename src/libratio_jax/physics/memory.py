@@ -92,11 +92,19 @@ def format_bytes_columns(optimizer):
                       _table(F.ACTIVATION_BYTES) / F.ACT16_BYTES], axis=-1)
 
 
+def layer_gather_bytes(model: A.ModelSpec, storage):
+    """Bytes ZeRO-3 gathers for one layer of each row (one sub-layer of a merged row) in
+    formats of ``storage`` bytes per element: its weights and their gradient (gradient
+    bytes ``max(storage, 2)``, ``formats.GRADIENT_BYTES``). Read only where the row is
+    present: its ``params`` may be padding otherwise."""
+    return model.params / jnp.maximum(model.count, 1.0) * (storage + jnp.maximum(storage, 2.0))
+
+
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
                   zero_stage, recompute, micro_batch, *, act_precision=None,
                   optimizer_bytes=None, weight_cache_bytes=0.0, gradient_bytes=None,
                   offload_optimizer=False, offload_params=False,
-                  row_weight=None) -> MemoryBreakdown:
+                  row_weight=None, largest_layer_bytes=None) -> MemoryBreakdown:
     """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
 
     ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1). Framework knobs (used by
@@ -118,7 +126,8 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
 
     ``row_weight`` (shaped like the rows): how many times each row counts in the sums
     (``physics.rowclasses.row_sum``; the full-resolution class path's format counts),
-    None for once.
+    None for once. ``largest_layer_bytes``: the largest :func:`layer_gather_bytes` of the
+    rows present, if the caller has it (the class path takes it batch-last).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -131,7 +140,6 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     storage, act_bytes = F.select_columns(
         precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
     grad_bytes = jnp.maximum(storage, 2.0)  # formats.GRADIENT_BYTES, per element
-    layer_grad_bytes = grad_bytes
     if gradient_bytes is not None:
         grad_bytes = jnp.full_like(storage, gradient_bytes)
     opt_bytes = (optimizer_state_bytes(workload.optimizer, storage)
@@ -153,10 +161,10 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     outside_act = row_sum(jnp.where(in_block, 0.0, row_act), row_weight)
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
-    per_layer = jnp.where(row_present(model.valid, row_weight),
-                          model.params / jnp.maximum(model.count, 1.0), 0.0)
-    gathered = jnp.max(per_layer * (storage + layer_grad_bytes)) / tp
-    gathered = jnp.where(zero_stage >= 3, gathered, 0.0)
+    if largest_layer_bytes is None:
+        largest_layer_bytes = jnp.max(jnp.where(row_present(model.valid, row_weight),
+                                                layer_gather_bytes(model, storage), 0.0))
+    gathered = jnp.where(zero_stage >= 3, largest_layer_bytes / tp, 0.0)
     weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
     if offload_params:
         weights = 0.0 * weights

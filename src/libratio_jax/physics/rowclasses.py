@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -110,7 +111,7 @@ def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: 
     return grid
 
 
-def format_counts(grid, precision) -> jnp.ndarray:
+def format_counts(grid, precision, *, with_complete: bool = False):
     """``float32[M, classes, F, B]`` rows of each class holding each format, for plans
     ``precision [B, M, L]`` (any numeric dtype), the batch axis last: the counts' only
     consumers are contractions over ``(classes, F)`` and elementwise terms that broadcast
@@ -118,7 +119,9 @@ def format_counts(grid, precision) -> jnp.ndarray:
     (``physics.kernel.evaluate_batch`` maps over it with ``vmap(..., in_axes=3)``; a copy
     back to ``[B, M, classes, F]`` cost ~0.5 µs per plan). Ids outside ``[0, F)``, and
     non-integral values, are not counted (compare the total with the class sizes to flag
-    them)."""
+    them). ``with_complete``: also return ``bool[M, B]``, whether every row of the tenant
+    was counted, from the 8-bit counters class by class (summing the float counts over
+    ``(classes, F)`` instead cost ~0.35 µs per plan at 512 plans)."""
     b, m, l = precision.shape
     p = jnp.asarray(precision)
     if jnp.issubdtype(p.dtype, jnp.integer) or p.dtype == jnp.bool_:
@@ -129,7 +132,7 @@ def format_counts(grid, precision) -> jnp.ndarray:
     rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
     rows = jnp.concatenate([rows, jnp.full((m, 1, b), _NO_FORMAT, jnp.uint8)], axis=1)
     slots = jax.vmap(lambda r, g: r.at[g].get(mode="promise_in_bounds"))(rows, grid)
-    total = None
+    total = counted = None
     for start in range(0, slots.shape[2], _U8_SLOTS):
         acc = [jnp.zeros((m, grid.shape[1], b), jnp.uint8) for _ in range(F.NUM_FORMATS)]
         for s in range(start, min(start + _U8_SLOTS, slots.shape[2])):
@@ -137,7 +140,36 @@ def format_counts(grid, precision) -> jnp.ndarray:
             acc = [a + (x == f).astype(jnp.uint8) for f, a in enumerate(acc)]
         part = jnp.stack(acc, axis=2).astype(jnp.float32)  # [M, classes, F, B]
         total = part if total is None else total + part
-    return total
+        if with_complete:  # each slot holds at most one format: the sum fits 8 bits
+            part = sum(acc[1:], acc[0]).astype(jnp.int32)  # [M, classes, B]
+            counted = part if counted is None else counted + part
+    if not with_complete:
+        return total
+    sizes = jnp.sum(jnp.asarray(grid) < l, axis=-1, dtype=jnp.int32)  # [M, classes]
+    full = counted == sizes[:, :, None]
+    # Class by class, elementwise over [M, B] (XLA's CPU reduction over the middle axis is a
+    # scalar loop: ~0.37 µs per plan).
+    return total, functools.reduce(jnp.logical_and, [full[:, c] for c in range(full.shape[1])])
+
+
+def class_total(x, op=jnp.add):
+    """``x [M, C, F, B]`` (the counts' layout, plans last) reduced over its classes and formats
+    with ``op`` (``jnp.add``, ``jnp.maximum``), ``[M, B]``: halves combined elementwise, so
+    that XLA fuses the reduction with the terms it reads into one pass vectorized over the
+    plans (a reduction over the middle axes is a scalar loop on XLA's CPU backend, and a
+    contraction with the per-plan terms transposes the counts first)."""
+    for axis in (2, 1):
+        while x.shape[axis] > 1:
+            n = x.shape[axis]
+            h = n // 2
+            y = op(jax.lax.slice_in_dim(x, 0, h, axis=axis),
+                   jax.lax.slice_in_dim(x, h, 2 * h, axis=axis))
+            if n % 2:  # the odd one out joins the first
+                y = jnp.concatenate([op(jax.lax.slice_in_dim(y, 0, 1, axis=axis),
+                                        jax.lax.slice_in_dim(x, n - 1, n, axis=axis)),
+                                     jax.lax.slice_in_dim(y, 1, h, axis=axis)], axis=axis)
+            x = y
+    return x[:, 0, 0]
 
 
 def class_model(coarse):

@@ -26,6 +26,8 @@ only on large GEMMs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -120,10 +122,80 @@ def allreduce_seconds(size_bytes, n, bandwidth):
     return jnp.where(n > 1.0, t, 0.0)
 
 
+class Roofline(NamedTuple):
+    """One tenant's plan factors of the per-row roofline (:func:`roofline_factors`): scalars,
+    ``[F]`` per format for the last two. :func:`row_roofline` turns them and a row's
+    plan-independent terms (:func:`roofline_rows`) into the row's seconds; every operation
+    broadcasts, so the factors may also carry trailing axes (a batch of plans, the
+    full-resolution class path's batch-last sums)."""
+
+    is_train: jnp.ndarray  # bool
+    weight_reads: jnp.ndarray  # training: passes x micro-batches, each reading every weight
+    touched: jnp.ndarray  # serving: probability a token touches an expert row's weights
+    work: jnp.ndarray  # training: passes x tokens per replica; serving: sequences per replica
+    hbm_bytes_per_second: jnp.ndarray
+    seconds_per_flop: jnp.ndarray  # [F] at the format's sustained rate on the pool's GPU
+    gemm_fixed_seconds: jnp.ndarray  # [F] fixed seconds per GEMM launch
+
+
+def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
+                     forward_only: bool = False, experts_per_token=0.0,
+                     n_experts=0.0) -> Roofline:
+    """The plan's factors of one tenant's per-row roofline (see :func:`tenant_step_time`):
+    training runs every row ``passes`` times over the replica's tokens and reads its weights
+    once per micro-batch per pass; serving (one decode iteration) runs every row once over
+    the replica's sequences and reads its weights once (an expert's with probability
+    ``1 - (1 - k/E)^sequences``)."""
+    passes = 1.0 if forward_only else 3.0 + (recompute > 0)
+    seqs = workload.batch / dp  # serving: concurrent sequences per replica
+    k_over_e = experts_per_token / jnp.maximum(n_experts, 1.0)
+    cols = format_speed_columns(pool["peak_flops"], clock)
+    is_train = workload.mode == TRAIN
+    return Roofline(
+        is_train=is_train,
+        weight_reads=passes * num_micro_batches(workload.batch, dp, micro_batch),
+        touched=1.0 - jnp.power(jnp.clip(1.0 - k_over_e, 0.0, 1.0), seqs),
+        work=jnp.where(is_train, passes * (workload.batch * workload.seq_len / dp), seqs),
+        hbm_bytes_per_second=pool["hbm_bytes_per_second"],
+        seconds_per_flop=cols[:, 0], gemm_fixed_seconds=cols[:, 1])
+
+
+def roofline_rows(model: A.ModelSpec, precision) -> dict:
+    """The plan-independent per-row terms of the roofline (shaped like ``precision``, or
+    ``[C, F]`` for ``formats.FORMAT_AXIS``): FLOPs, weight bytes and activation traffic per
+    token, GEMM launches, kind flags."""
+    act_bytes, cast, storage = F.select_columns(precision, format_bytes_columns())
+    is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
+    visits = jnp.where(is_expert, model.experts_per_token, 1.0) * model.count  # inputs/token
+    return dict(
+        valid=model.valid, is_gemm=model.flops_per_token > 0, is_expert=is_expert,
+        flops_per_token=model.flops_per_token,
+        weight_bytes=jnp.where(model.valid, model.params, 0.0) * storage,
+        io_bytes_per_token=visits * ((model.in_dim + model.out_dim) * act_bytes
+                                     + cast * model.in_dim),
+        gemm_instances=model.gemm_instances, count=model.count)
+
+
+def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
+    """``(roofline seconds, launch seconds)`` per row of the plan factors ``r`` and the rows'
+    terms ``rows`` (:func:`roofline_rows`), ``seconds_per_flop`` and ``gemm_fixed_seconds``
+    each row's entries of ``r``'s per-format columns. Before tensor and pipeline
+    parallelism: ``max(flops / rate, bytes / bandwidth)`` and ``launches x t_fixed``."""
+    weight_reads = jnp.where(r.is_train, r.weight_reads,
+                             jnp.where(rows["is_expert"], r.touched, 1.0))
+    launch_count = jnp.where(r.is_train, r.weight_reads * rows["gemm_instances"], rows["count"])
+    traffic = weight_reads * rows["weight_bytes"] + r.work * rows["io_bytes_per_token"]
+    roof = jnp.maximum(r.work * rows["flops_per_token"] * seconds_per_flop,
+                       traffic / r.hbm_bytes_per_second)
+    fixed = jnp.where(rows["is_gemm"], gemm_fixed_seconds, KERNEL_LAUNCH_SECONDS)
+    return (jnp.where(rows["valid"], roof, 0.0),
+            jnp.where(rows["valid"], launch_count * fixed, 0.0))
+
+
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
                      zero_stage, recompute, micro_batch, clock=1.0, *,
                      weight_storage_bytes=None, forward_only: bool = False,
-                     row_weight=None) -> StepTime:
+                     row_weight=None, row_sums=None) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
@@ -134,14 +206,15 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     ``forward_only`` (with a training workload): one forward pass over the batch and no
     optimizer step, i.e. a serving prefill of ``batch`` prompts of ``seq_len`` tokens (see
     :func:`prefill_step_time`). ``row_weight`` (shaped like the rows): how many times each
-    row counts in the sums (``physics.rowclasses.row_sum``), None for once.
+    row counts in the sums (``physics.rowclasses.row_sum``), None for once. ``row_sums``:
+    ``(roofline, launch)`` seconds summed over the rows (:func:`row_roofline`, weighted),
+    if the caller has them (the full-resolution class path sums them batch-last).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
     dp = jnp.maximum(dp, 1).astype(jnp.float32)
     gpus = tp * pp * dp
     is_train = workload.mode == TRAIN
-    peak = pool["peak_flops"]
     bw = pool["hbm_bytes_per_second"]
     per_node = pool["gpus_per_node"].astype(jnp.float32)
     bw_tp = jnp.where(tp <= per_node, pool["nvlink_bytes_per_second"],
@@ -149,40 +222,28 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     bw_dp = jnp.where(gpus <= per_node, pool["nvlink_bytes_per_second"],
                       pool["network_bytes_per_second"])
 
-    cols = format_speed_columns(peak, clock)
-    seconds_per_flop, t_fixed_gemm = F.select_columns(precision, cols)
-    act_bytes, cast, storage = F.select_columns(precision, format_bytes_columns())
+    r = roofline_factors(workload, pool, dp, recompute, micro_batch, clock,
+                         forward_only=forward_only, experts_per_token=model.experts_per_token,
+                         n_experts=model.n_experts)
+    (storage,) = F.select_columns(precision, format_bytes_columns()[:, 2:])
     valid = model.valid
-    is_gemm = model.flops_per_token > 0
-    is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
-    visits = jnp.where(is_expert, model.experts_per_token, 1.0) * model.count  # inputs/token
-    w_bytes = jnp.where(valid, model.params, 0.0) * storage
-    io_per_token = visits * ((model.in_dim + model.out_dim) * act_bytes + cast * model.in_dim)
-    fixed = jnp.where(is_gemm, t_fixed_gemm, KERNEL_LAUNCH_SECONDS)
-    bf16_seconds_per_flop = cols[F.BF16, 0]
+    bf16_seconds_per_flop = r.seconds_per_flop[F.BF16]
     n_blocks = model.n_blocks
     q_dim = model.n_heads * model.head_dim
 
-    # Per-row roofline with the mode's coefficients (one pass over the rows):
-    # training: every row runs `passes` times over the replica's tokens and reads its weights
-    # once per micro-batch per pass; serving (one decode iteration): every row runs once over
-    # the replica's sequences and reads its weights once (experts: those a token touches).
+    # Per-row roofline with the mode's coefficients (roofline_factors, row_roofline).
     passes = 1.0 if forward_only else 3.0 + (recompute > 0)
     tokens_replica = workload.batch * workload.seq_len / dp
     m = num_micro_batches(workload.batch, dp, micro_batch)
     seqs = workload.batch / dp  # serving: concurrent sequences per replica
-    k_over_e = model.experts_per_token / jnp.maximum(model.n_experts, 1.0)
-    touched = 1.0 - jnp.power(jnp.clip(1.0 - k_over_e, 0.0, 1.0), seqs)
-    work = jnp.where(is_train, passes * tokens_replica, seqs)
-    weight_reads = jnp.where(is_train, passes * m, jnp.where(is_expert, touched, 1.0))
-    launch_count = jnp.where(is_train, passes * m * model.gemm_instances, model.count)
-    flops = work * model.flops_per_token
-    traffic = weight_reads * w_bytes + work * io_per_token
-    roof = jnp.where(valid, jnp.maximum(flops * seconds_per_flop, traffic / bw), 0.0)
-    launches = jnp.where(valid, launch_count * fixed, 0.0)
+    rows = roofline_rows(model, precision)
+    w_bytes = rows["weight_bytes"]
+    if row_sums is None:
+        roof, launches = row_roofline(r, rows, *F.select_columns(
+            precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
+        row_sums = row_sum(roof, row_weight), row_sum(launches, row_weight)
+    roof_sum, launch_sum = row_sums[0] / tp, row_sums[1]
     grad_bytes = jnp.where(valid, model.params, 0.0) * jnp.maximum(storage, 2.0)
-    roof_sum = row_sum(roof, row_weight) / tp
-    launch_sum = row_sum(launches, row_weight)
     grad_sum = row_sum(grad_bytes, row_weight)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
