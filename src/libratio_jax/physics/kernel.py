@@ -143,7 +143,8 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, ro
                         largest_layer_bytes=None if sums is None else sums["largest_layer"])
     st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
                           zero_stage, recompute, mb, row_weight=row_weight,
-                          row_sums=None if sums is None else (sums["roof"], sums["launches"]))
+                          roofline_sums=None if sums is None else (sums["roof"],
+                                                                   sums["launches"]))
     # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows).
     bf16 = jnp.full_like(coarse.kind, F.BF16)
     st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,

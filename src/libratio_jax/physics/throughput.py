@@ -130,7 +130,10 @@ class Roofline(NamedTuple):
     full-resolution class path's batch-last sums)."""
 
     is_train: jnp.ndarray  # bool
-    weight_reads: jnp.ndarray  # training: passes x micro-batches, each reading every weight
+    passes: jnp.ndarray  # training: forward, input and weight gradients (+1 recomputing)
+    micro_batches: jnp.ndarray  # per optimizer step of one replica (each reads every weight)
+    tokens_replica: jnp.ndarray  # training: tokens per step of one data-parallel replica
+    sequences: jnp.ndarray  # serving: concurrent sequences of one replica
     touched: jnp.ndarray  # serving: probability a token touches an expert row's weights
     work: jnp.ndarray  # training: passes x tokens per replica; serving: sequences per replica
     hbm_bytes_per_second: jnp.ndarray
@@ -146,16 +149,18 @@ def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
     once per micro-batch per pass; serving (one decode iteration) runs every row once over
     the replica's sequences and reads its weights once (an expert's with probability
     ``1 - (1 - k/E)^sequences``)."""
-    passes = 1.0 if forward_only else 3.0 + (recompute > 0)
-    seqs = workload.batch / dp  # serving: concurrent sequences per replica
+    passes = jnp.float32(1.0) if forward_only else 3.0 + (recompute > 0)
+    tokens_replica = workload.batch * workload.seq_len / dp
+    seqs = workload.batch / dp
     k_over_e = experts_per_token / jnp.maximum(n_experts, 1.0)
     cols = format_speed_columns(pool["peak_flops"], clock)
     is_train = workload.mode == TRAIN
     return Roofline(
-        is_train=is_train,
-        weight_reads=passes * num_micro_batches(workload.batch, dp, micro_batch),
+        is_train=is_train, passes=passes,
+        micro_batches=num_micro_batches(workload.batch, dp, micro_batch),
+        tokens_replica=tokens_replica, sequences=seqs,
         touched=1.0 - jnp.power(jnp.clip(1.0 - k_over_e, 0.0, 1.0), seqs),
-        work=jnp.where(is_train, passes * (workload.batch * workload.seq_len / dp), seqs),
+        work=jnp.where(is_train, passes * tokens_replica, seqs),
         hbm_bytes_per_second=pool["hbm_bytes_per_second"],
         seconds_per_flop=cols[:, 0], gemm_fixed_seconds=cols[:, 1])
 
@@ -181,9 +186,9 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
     terms ``rows`` (:func:`roofline_rows`), ``seconds_per_flop`` and ``gemm_fixed_seconds``
     each row's entries of ``r``'s per-format columns. Before tensor and pipeline
     parallelism: ``max(flops / rate, bytes / bandwidth)`` and ``launches x t_fixed``."""
-    weight_reads = jnp.where(r.is_train, r.weight_reads,
-                             jnp.where(rows["is_expert"], r.touched, 1.0))
-    launch_count = jnp.where(r.is_train, r.weight_reads * rows["gemm_instances"], rows["count"])
+    train_reads = r.passes * r.micro_batches
+    weight_reads = jnp.where(r.is_train, train_reads, jnp.where(rows["is_expert"], r.touched, 1.0))
+    launch_count = jnp.where(r.is_train, train_reads * rows["gemm_instances"], rows["count"])
     traffic = weight_reads * rows["weight_bytes"] + r.work * rows["io_bytes_per_token"]
     roof = jnp.maximum(r.work * rows["flops_per_token"] * seconds_per_flop,
                        traffic / r.hbm_bytes_per_second)
@@ -195,7 +200,7 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
                      zero_stage, recompute, micro_batch, clock=1.0, *,
                      weight_storage_bytes=None, forward_only: bool = False,
-                     row_weight=None, row_sums=None) -> StepTime:
+                     row_weight=None, roofline_sums=None) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
@@ -206,7 +211,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     ``forward_only`` (with a training workload): one forward pass over the batch and no
     optimizer step, i.e. a serving prefill of ``batch`` prompts of ``seq_len`` tokens (see
     :func:`prefill_step_time`). ``row_weight`` (shaped like the rows): how many times each
-    row counts in the sums (``physics.rowclasses.row_sum``), None for once. ``row_sums``:
+    row counts in the sums (``physics.rowclasses.row_sum``), None for once. ``roofline_sums``:
     ``(roofline, launch)`` seconds summed over the rows (:func:`row_roofline`, weighted),
     if the caller has them (the full-resolution class path sums them batch-last).
     """
@@ -232,17 +237,14 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     q_dim = model.n_heads * model.head_dim
 
     # Per-row roofline with the mode's coefficients (roofline_factors, row_roofline).
-    passes = 1.0 if forward_only else 3.0 + (recompute > 0)
-    tokens_replica = workload.batch * workload.seq_len / dp
-    m = num_micro_batches(workload.batch, dp, micro_batch)
-    seqs = workload.batch / dp  # serving: concurrent sequences per replica
+    passes, tokens_replica, m, seqs = r.passes, r.tokens_replica, r.micro_batches, r.sequences
     rows = roofline_rows(model, precision)
     w_bytes = rows["weight_bytes"]
-    if row_sums is None:
+    if roofline_sums is None:
         roof, launches = row_roofline(r, rows, *F.select_columns(
             precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
-        row_sums = row_sum(roof, row_weight), row_sum(launches, row_weight)
-    roof_sum, launch_sum = row_sums[0] / tp, row_sums[1]
+        roofline_sums = row_sum(roof, row_weight), row_sum(launches, row_weight)
+    roof_sum, launch_sum = roofline_sums[0] / tp, roofline_sums[1]
     grad_bytes = jnp.where(valid, model.params, 0.0) * jnp.maximum(storage, 2.0)
     grad_sum = row_sum(grad_bytes, row_weight)
 
