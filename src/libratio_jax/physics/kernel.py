@@ -297,8 +297,8 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     over the batch-last counts (``rowclasses.class_total``)."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
-        return roofline_factors(workload, pool, jnp.maximum(dp, 1).astype(jnp.float32),
-                                recompute, mb, experts_per_token=model.experts_per_token,
+        return roofline_factors(workload, pool, dp.astype(jnp.float32), recompute, mb,
+                                experts_per_token=model.experts_per_token,
                                 n_experts=model.n_experts)
 
     def plan_factors(f):

@@ -168,14 +168,14 @@ def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
 def roofline_rows(model: A.ModelSpec, precision) -> dict:
     """The plan-independent per-row terms of the roofline (shaped like ``precision``, or
     ``[C, F]`` for ``formats.FORMAT_AXIS``): FLOPs, weight bytes and activation traffic per
-    token, GEMM launches, kind flags."""
+    token, the formats' storage bytes, GEMM launches, kind flags."""
     act_bytes, cast, storage = F.select_columns(precision, format_bytes_columns())
     is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
     visits = jnp.where(is_expert, model.experts_per_token, 1.0) * model.count  # inputs/token
     return dict(
         valid=model.valid, is_gemm=model.flops_per_token > 0, is_expert=is_expert,
         flops_per_token=model.flops_per_token,
-        weight_bytes=jnp.where(model.valid, model.params, 0.0) * storage,
+        storage_bytes=storage, weight_bytes=jnp.where(model.valid, model.params, 0.0) * storage,
         io_bytes_per_token=visits * ((model.in_dim + model.out_dim) * act_bytes
                                      + cast * model.in_dim),
         gemm_instances=model.gemm_instances, count=model.count)
@@ -230,7 +230,6 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     r = roofline_factors(workload, pool, dp, recompute, micro_batch, clock,
                          forward_only=forward_only, experts_per_token=model.experts_per_token,
                          n_experts=model.n_experts)
-    (storage,) = F.select_columns(precision, format_bytes_columns()[:, 2:])
     valid = model.valid
     bf16_seconds_per_flop = r.seconds_per_flop[F.BF16]
     n_blocks = model.n_blocks
@@ -239,7 +238,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     # Per-row roofline with the mode's coefficients (roofline_factors, row_roofline).
     passes, tokens_replica, m, seqs = r.passes, r.tokens_replica, r.micro_batches, r.sequences
     rows = roofline_rows(model, precision)
-    w_bytes = rows["weight_bytes"]
+    w_bytes, storage = rows["weight_bytes"], rows["storage_bytes"]
     if roofline_sums is None:
         roof, launches = row_roofline(r, rows, *F.select_columns(
             precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
