@@ -415,6 +415,47 @@ def test_class_counts_equal_row_by_row_physics(dtype):
                                 by_class, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.float32])
+def test_rows_layer_stability_equals_a_numpy_reference(dtype):
+    """The per-row scores a batch computes after its chunks (a per-scenario table, then a
+    select per row) equal the stability model written out in NumPy from its constants:
+    ``exp(-u_f / (tol_kind x 3 if serving))``, x 0.9 for FP16 in training, 1 for padding
+    rows and absent tenants, BF16 for the rows of an invalid tenant and format 0 for an id
+    outside ``[0, F)`` (non-integral, NaN, negative, too large) of a valid one."""
+    from libratio_jax.physics import formats as F
+    from libratio_jax.physics import stability as S
+
+    sc = _tiny_full_resolution()
+    rng = np.random.default_rng(4)
+    b, (m, l) = 16, sc.models.kind.shape
+    prec = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.float64)
+    bad = [-1, 12, 255] + ([2.5, np.nan] if dtype == np.float32 else [])
+    prec = np.where(rng.random(prec.shape) < 0.05, rng.choice(bad, prec.shape), prec)
+    prec = prec.astype(dtype)
+    plan_valid = rng.random((b, m)) < 0.7
+    got = jax.jit(jax.vmap(kernel.rows_layer_stability, in_axes=(None, 0, 0)))(
+        sc, jnp.asarray(prec), jnp.asarray(plan_valid))
+
+    kind, valid = np.asarray(sc.models.kind), np.asarray(sc.models.valid)
+    serving = np.asarray(sc.workloads.mode) != S.TRAIN
+    present = np.asarray(sc.present)
+    want = np.ones((b, m, l))
+    for i in range(b):
+        for t in range(m):
+            for r in range(l):
+                if not (present[t] and valid[t, r]):
+                    continue
+                p = float(prec[i, t, r])
+                f = int(p) if p == p and p == int(p) and 0 <= p < F.NUM_FORMATS else 0
+                f = f if plan_valid[i, t] else F.BF16
+                tol = S.TOLERANCE[kind[t, r]] * (S.SERVE_TOLERANCE_FACTOR if serving[t] else 1)
+                score = np.exp(-F.EFFECTIVE_ROUNDOFF[f] / tol)
+                want[i, t, r] = score * (S.FP16_TRAIN_FACTOR
+                                         if f == F.FP16 and not serving[t] else 1.0)
+    assert not present.all() and serving.any() and not serving.all()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
 def test_merged_batch_equals_single_plan_physics():
     """A batch of merged-row plans (its ``layer_stability`` computed after the chunks) gives
     the metrics of each plan alone, hostile plans included: an invalid tenant's rows score

@@ -39,7 +39,6 @@ from libratio_jax.physics.plan import (
     gate_fields,
     sanitize_fields,
     sanitize_plan,
-    sanitize_precision,
     validate_plan,
 )
 from libratio_jax.physics.rowclasses import (
@@ -325,9 +324,9 @@ def rows_layer_stability(scenario: Scenario, precision, plan_valid):
     tenants' verdict ``plan_valid [M]`` (:func:`evaluate_one`'s: the rows of an invalid
     tenant score as its sanitized formats, an absent tenant's 1). Elementwise over the rows:
     a batch computes it after its chunks (:func:`evaluate_batch`)."""
-    prec = sanitize_precision(precision, plan_valid & scenario.present)
-    per_row = jax.vmap(stability.layer_stability)(scenario.models, scenario.workloads.mode, prec)
-    return jnp.where(scenario.present[:, None], per_row, 1.0)
+    table = stability.row_stability_table(scenario.models, scenario.workloads.mode,
+                                          scenario.present)  # [F, M, L], once per call
+    return stability.rows_stability(table, precision, plan_valid & scenario.present)
 
 
 def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:

@@ -22,6 +22,7 @@ geometric mean over valid rows.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -78,6 +79,45 @@ def layer_log_stability(model: A.ModelSpec, mode, precision):
 def layer_stability(model: A.ModelSpec, mode, precision):
     """Score per row ``[L]`` in (0, 1]; padding rows score 1."""
     return jnp.exp(layer_log_stability(model, mode, precision))
+
+
+def row_stability_table(models: A.ModelSpec, mode, present):
+    """``float32[F, M, L]``: :func:`layer_stability` of every row of ``M`` tenants
+    (``models [M, L]``, ``mode [M]``) in each of the ``F`` formats; 1 for padding rows and
+    for tenants not ``present [M]``. Plan-independent: computed once per call, then
+    :func:`rows_stability` picks each row's entry.
+
+    It is written as a product of each row's one-hot (mode, kind) with ``STABILITY_TABLE``
+    (exact: one nonzero term per sum) so that XLA computes it as one small kernel; as a
+    gather of the table by kind, XLA fused that gather into the consumer and repeated it
+    for every row of every plan (fifteenth round, docs/performance.md).
+
+    Example:
+        >>> import libratio_jax as lj
+        >>> sc = lj.reference_scenario()
+        >>> row_stability_table(sc.models, sc.workloads.mode, sc.present).shape
+        (12, 4, 399)
+    """
+    n_kinds = STABILITY_TABLE.shape[1]
+    table = np.concatenate([STABILITY_TABLE.reshape(2 * n_kinds, F.NUM_FORMATS),
+                            np.ones((1, F.NUM_FORMATS))]).astype(np.float32)
+    serving = (jnp.asarray(mode) != TRAIN)[:, None]
+    keep = models.valid & jnp.asarray(present)[:, None]
+    index = jnp.where(keep, models.kind + jnp.where(serving, n_kinds, 0), 2 * n_kinds)
+    onehot = (index[..., None] == jnp.arange(2 * n_kinds + 1)).astype(jnp.float32)
+    return jnp.einsum("mlk,kf->fml", onehot, table, precision=jax.lax.Precision.HIGHEST)
+
+
+def rows_stability(table, precision, keep):
+    """``float32[M, L]``: each row's entry of ``table [F, M, L]``
+    (:func:`row_stability_table`) for its format ``precision [M, L]`` (any dtype; a value
+    that is not an id in ``[0, F)`` reads format 0, as ``plan.sanitize_precision`` makes
+    it), BF16's for the tenants not in ``keep [M]``. A chain of selects, vectorized by XLA
+    on CPU (formats.select_columns has why)."""
+    score = table[0]
+    for f in range(1, F.NUM_FORMATS):
+        score = jnp.where(precision == f, table[f], score)
+    return jnp.where(keep[:, None], score, table[F.BF16])
 
 
 def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weight=None):
