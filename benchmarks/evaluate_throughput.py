@@ -7,6 +7,10 @@ batch, layers, block_groups, layer_stability (whether the per-row output was com
 resolution batches are measured both ways), rows_per_plan (tenant slots x rows per model: the
 rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second (plans/s x
 rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference.
+On Linux with glibc >= 2.35 and transparent huge pages available, the largest full-resolution
+batch with ``layer_stability`` is measured once more in a fresh process started with
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (its record has ``glibc_tunables``): see
+``HUGE_PAGES_TUNABLE``.
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
 state run; run time is the median of ``--repeats`` steady-state calls. Then, per resolution,
@@ -58,11 +62,34 @@ def reference_rate(sc, plans, n: int) -> float:
 
 def run(batches, block_groups, repeats: int, reference_plans: int, out: list) -> None:
     sc = lj.reference_scenario(block_groups=block_groups)
-    base = sample_plans(sc, 4096, seed=0)
-    ref_rate = reference_rate(sc, base, reference_plans)
+    ref_rate = reference_rate(sc, sample_plans(sc, 4096, seed=0), reference_plans)
     # Full resolution: with and without the per-row output (Metrics.layer_stability), which
     # a batch summed by row class (physics/rowclasses.py) otherwise never needs per row.
     modes = (True, False) if sc.row_classes is not None else (True,)
+    out += batch_records(sc, block_groups, batches, modes, repeats, ref_rate)
+    if sc.row_classes is not None and huge_pages_available():
+        out += huge_pages_records(max(batches), repeats, ref_rate)
+    # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
+    # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
+    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), and that
+    # plan with its first and last two blocks in BF16 (up to 25 pairs).
+    for formats in PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]:
+        trials = {False: [], True: []}
+        for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
+            for inline in (False, True):
+                trials[inline].append(single_call(block_groups, repeats, inline, formats))
+        for inline in (False, True):
+            rec = min(trials[inline], key=lambda r: r["call_microseconds"])
+            rec["processes"] = SINGLE_CALL_TRIALS
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
+
+
+def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: float) -> list:
+    """One ``evaluate_throughput`` record per batch size and per-row output mode
+    (``layer_stability`` in ``modes``), on ``sc`` built with ``block_groups``."""
+    base = sample_plans(sc, 4096, seed=0)
+    out = []
     for batch in batches:
         plans = _tile(base, batch)
         for per_row in modes if batch > 1 else (True,):
@@ -89,22 +116,46 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
                 "reference_plans_per_second": round(ref_rate, 2),
                 "speedup_vs_reference": round(rate / ref_rate, 1),
             }
+            if os.environ.get("GLIBC_TUNABLES"):
+                rec["glibc_tunables"] = os.environ["GLIBC_TUNABLES"]
             print(json.dumps(rec), flush=True)
             out.append(rec)
-    # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
-    # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
-    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), and that
-    # plan with its first and last two blocks in BF16 (up to 25 pairs).
-    for formats in PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]:
-        trials = {False: [], True: []}
-        for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
-            for inline in (False, True):
-                trials[inline].append(single_call(block_groups, repeats, inline, formats))
-        for inline in (False, True):
-            rec = min(trials[inline], key=lambda r: r["call_microseconds"])
-            rec["processes"] = SINGLE_CALL_TRIALS
-            print(json.dumps(rec), flush=True)
-            out.append(rec)
+    return out
+
+
+# A full-resolution batch's layer_stability is a fresh float32 [B, M, L] output (6.4 KB per
+# plan on the reference scenario): glibc serves it with mmap, and the kernel then pays a page
+# fault per 4 KB page it first writes. With glibc's malloc asking for transparent huge pages
+# (a tunable read when the process starts), it pays one per 2 MB.
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_pages_available() -> bool:
+    """Whether this is a Linux CPU run whose kernel grants transparent huge pages on request
+    (``[always]`` or ``[madvise]``) and whose C library is glibc >= 2.35 (the tunable)."""
+    import platform
+
+    if jax.default_backend() != "cpu" or not os.path.exists(THP_SETTING):
+        return False
+    with open(THP_SETTING) as f:
+        if "[never]" in f.read():
+            return False
+    lib, version = platform.libc_ver()
+    return lib == "glibc" and tuple(int(v) for v in version.split(".")[:2]) >= (2, 35)
+
+
+def huge_pages_records(batch: int, repeats: int, ref_rate: float) -> list:
+    """The full-resolution batch of ``batch`` plans with ``layer_stability``, measured again
+    in a fresh process started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``."""
+    env = dict(os.environ, GLIBC_TUNABLES=HUGE_PAGES_TUNABLE)
+    cmd = [sys.executable, os.path.abspath(__file__), "--batch-child", str(batch),
+           "--repeats", str(repeats), "--reference-rate", str(ref_rate)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    recs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    for rec in recs:
+        print(json.dumps(rec), flush=True)
+    return recs
 
 
 # Fresh processes per dispatch mode; the fastest is reported (this shared machine's speed
@@ -223,11 +274,17 @@ def main(argv=None) -> None:
     ap.add_argument("--single-call", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--formats", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--batch-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--reference-rate", type=float, default=None, help=argparse.SUPPRESS)
     add_output_args(ap)
     args = ap.parse_args(argv)
     if args.single_call is not None:  # the child process of single_call
         print(json.dumps(_single_call_here(args.single_call or None, args.repeats,
                                            args.inline, PLAN_FORMATS[args.formats])))
+        return
+    if args.batch_child is not None:  # the child process of huge_pages_records
+        batch_records(lj.reference_scenario(), None, [args.batch_child], (True,), args.repeats,
+                      args.reference_rate)
         return
     records: list = []
     for g in args.block_groups:

@@ -43,7 +43,9 @@ def _si(x: float) -> str:
 
 def _device(rec) -> str:
     kind = rec.get("device_kind", "?")
-    return "2-core CPU" if rec.get("platform", "cpu") == "cpu" and kind == "cpu" else kind
+    name = "2-core CPU" if rec.get("platform", "cpu") == "cpu" and kind == "cpu" else kind
+    tunables = rec.get("glibc_tunables")  # a run started with GLIBC_TUNABLES set
+    return f"{name}, `GLIBC_TUNABLES={tunables}`" if tunables else name
 
 
 def _table(header, rows) -> str:
