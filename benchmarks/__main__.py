@@ -69,6 +69,8 @@ def plot(folder: str, out: str | None = None) -> str:
         for r in json.load(open(path)):
             if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
                 continue  # the single-call records
+            if r.get("glibc_tunables"):
+                continue  # a process started with a malloc tunable: the plot is the default's
             key = (r["device_kind"], r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
