@@ -138,7 +138,16 @@ IS_FLOAT = column("is_float")
 UNIT_ROUNDOFF = 2.0 ** -(MANTISSA_BITS + 1.0)
 # Bytes of a gradient element: gradients are never accumulated below 16 bits (Transformer Engine
 # FP8 recipe keeps weight gradients in BF16/FP32; Micikevicius et al. 2022 §4), FP32 stays FP32.
-GRADIENT_BYTES = np.maximum(STORAGE_BYTES, 2.0)
+GRADIENT_MIN_BYTES = 2.0
+GRADIENT_BYTES = np.maximum(STORAGE_BYTES, GRADIENT_MIN_BYTES)
+
+
+def gradient_bytes(storage_bytes):
+    """Bytes of a gradient element for weights of ``storage_bytes`` per element (an array:
+    ``GRADIENT_BYTES``' rule, elementwise, for traced values)."""
+    import jax.numpy as jnp
+
+    return jnp.maximum(storage_bytes, GRADIENT_MIN_BYTES)
 # Bytes of a 16-bit activation element (the residual stream and the tensors GEMMs save in
 # BF16/FP16 mixed precision).
 ACT16_BYTES = 2.0

@@ -87,17 +87,17 @@ def format_bytes_columns(optimizer):
     """``[F, 4]`` per-format bytes for one tenant's optimizer: storage, gradient, optimizer
     state, activation scale (activation bytes / 2)."""
     storage = _table(F.STORAGE_BYTES)
-    return jnp.stack([storage, jnp.maximum(storage, 2.0),
+    return jnp.stack([storage, F.gradient_bytes(storage),
                       optimizer_state_bytes(optimizer, storage),
                       _table(F.ACTIVATION_BYTES) / F.ACT16_BYTES], axis=-1)
 
 
 def layer_gather_bytes(model: A.ModelSpec, storage):
     """Bytes ZeRO-3 gathers for one layer of each row (one sub-layer of a merged row) in
-    formats of ``storage`` bytes per element: its weights and their gradient (gradient
-    bytes ``max(storage, 2)``, ``formats.GRADIENT_BYTES``). Read only where the row is
-    present: its ``params`` may be padding otherwise."""
-    return model.params / jnp.maximum(model.count, 1.0) * (storage + jnp.maximum(storage, 2.0))
+    formats of ``storage`` bytes per element: its weights and their gradient
+    (``formats.gradient_bytes``). Read only where the row is present: its ``params`` may be
+    padding otherwise."""
+    return model.params / jnp.maximum(model.count, 1.0) * (storage + F.gradient_bytes(storage))
 
 
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
@@ -139,7 +139,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
     storage, act_bytes = F.select_columns(
         precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
-    grad_bytes = jnp.maximum(storage, 2.0)  # formats.GRADIENT_BYTES, per element
+    grad_bytes = F.gradient_bytes(storage)
     if gradient_bytes is not None:
         grad_bytes = jnp.full_like(storage, gradient_bytes)
     opt_bytes = (optimizer_state_bytes(workload.optimizer, storage)

@@ -244,7 +244,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
             precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
         roofline_sums = row_sum(roof, row_weight), row_sum(launches, row_weight)
     roof_sum, launch_sum = roofline_sums[0] / tp, roofline_sums[1]
-    grad_bytes = jnp.where(valid, model.params, 0.0) * jnp.maximum(storage, 2.0)
+    grad_bytes = jnp.where(valid, model.params, 0.0) * F.gradient_bytes(storage)
     grad_sum = row_sum(grad_bytes, row_weight)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
