@@ -22,6 +22,8 @@ geometric mean over valid rows.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,28 +54,28 @@ DIVERGENCE_THRESHOLD = 0.25
 EFFECTIVE_ROUNDOFF = F.EFFECTIVE_ROUNDOFF  # per format (formats.py has its sources)
 
 
-def _stability_tables() -> np.ndarray:
-    """``[2 modes, NUM_KINDS, NUM_FORMATS]`` float64 table of row scores."""
-    u = EFFECTIVE_ROUNDOFF[None, :]
-    train = np.exp(-u / TOLERANCE[:, None])
-    train[:, F.FP16] *= FP16_TRAIN_FACTOR
-    serve = np.exp(-u / (SERVE_TOLERANCE_FACTOR * TOLERANCE[:, None]))
-    return np.stack([train, serve])
+def _log_score(neg_roundoff, tolerance, serving, fp16, where):
+    """The model's log score, ``-u / tol`` (``tol`` 3x larger when serving) plus ``log 0.9``
+    for FP16 in training: the one home of the formula, for NumPy tables (``where=np.where``)
+    and traced rows (``jnp.where``) alike; arguments broadcast together."""
+    inv_tol = 1.0 / (tolerance * where(serving, SERVE_TOLERANCE_FACTOR, 1.0))
+    return neg_roundoff * inv_tol + where(fp16 & ~serving, math.log(FP16_TRAIN_FACTOR), 0.0)
 
 
-STABILITY_TABLE = _stability_tables()
-KV_STABILITY = np.exp(-EFFECTIVE_ROUNDOFF / (SERVE_TOLERANCE_FACTOR * KV_CACHE_TOLERANCE))
+# [2 modes (train, serve), NUM_KINDS, NUM_FORMATS] float64 row scores.
+STABILITY_TABLE = np.exp(_log_score(
+    -EFFECTIVE_ROUNDOFF, TOLERANCE[:, None], np.array([False, True])[:, None, None],
+    np.arange(F.NUM_FORMATS) == F.FP16, np.where))
+KV_STABILITY = np.exp(_log_score(-EFFECTIVE_ROUNDOFF, KV_CACHE_TOLERANCE, True, False, np.where))
 
 
 def layer_log_stability(model: A.ModelSpec, mode, precision):
     """Log score per row ``[L]`` (``-u_eff / tol``, + log 0.9 for FP16 in training);
     padding rows 0."""
-    serving = mode != TRAIN
-    inv_tol = 1.0 / (jnp.asarray(TOLERANCE, jnp.float32)[model.kind]
-                     * jnp.where(serving, SERVE_TOLERANCE_FACTOR, 1.0))
     (neg_u,) = F.select_columns(precision, -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32)[:, None])
-    fp16 = jnp.where((precision == F.FP16) & ~serving, np.float32(np.log(FP16_TRAIN_FACTOR)), 0.0)
-    return jnp.where(model.valid, neg_u * inv_tol + fp16, 0.0)
+    logs = _log_score(neg_u, jnp.asarray(TOLERANCE, jnp.float32)[model.kind], mode != TRAIN,
+                      precision == F.FP16, jnp.where)
+    return jnp.where(model.valid, logs, 0.0)
 
 
 def layer_stability(model: A.ModelSpec, mode, precision):
