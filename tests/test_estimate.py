@@ -152,6 +152,8 @@ def test_cli_json_and_table(capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate-memory", "no-such-model"])
     assert e.value.code == 2
+    err = capsys.readouterr().err  # a bad value: one line, no usage block
+    assert err.count("\n") == 1 and err.startswith("libratio: error: ") and "no-such-model" in err
 
 
 def test_cli_fits_a_gpu_and_names_the_number_to_trust(capsys):
@@ -188,6 +190,10 @@ def test_cli_listings_version_and_help(capsys):
     for option in ("--batch", "--seq-len", "--gpu", "--optimizer", "--recompute"):
         assert option in help_text
     assert "(default: 4096)" in help_text  # defaults are shown
+    for command, default in (("serve", "(default: 8000)"), ("eval", "(default: 0.0)")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert default in capsys.readouterr().out
 
 
 def test_python_and_cli_defaults_agree():

@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from typing import NoReturn
 
 import jax
 import numpy as np
@@ -121,6 +122,13 @@ def _listing(what: str) -> None:
             print(f"{name:10s} {formats.STORAGE_BITS[fid]:6.3f} bits per element")
 
 
+def _fail(message: str) -> NoReturn:
+    """A bad value: one line on stderr (``libratio: error: ...``) and exit code 2. (A
+    malformed command line, an unknown option, is argparse's: the usage, then the error.)"""
+    print(f"libratio: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
     from libratio_jax import __version__
     from libratio_jax.physics import estimate as E
@@ -187,7 +195,7 @@ def _serve_parser(sub, fmt) -> None:
                     "with per-session state; steps of concurrent sessions are gathered over "
                     "--window-ms and judged in one batched call. Needs the [serve] extra.")
     s.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on every interface")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     s.add_argument("--max-sessions", type=int, default=256,
                    help="concurrent sessions per task (WebSocket and /fleet each)")
     s.add_argument("--window-ms", type=float, default=2.0,
@@ -198,18 +206,19 @@ def _serve_parser(sub, fmt) -> None:
                    help="larger request bodies are refused (413)")
     s.add_argument("--bank-size", type=int, default=None,
                    help="scenarios in the Fleet envs' bank (default: the env's)")
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--log-level", default="warning",
+                   help="uvicorn's log level (debug, info, warning, error, critical)")
 
 
-def _serve(args, parser) -> int:
+def _serve(args) -> int:
     try:
         import uvicorn
 
         from libratio_jax.serve.app import build_app
     except ImportError as e:
-        parser.error(f"libratio serve needs the [serve] extra: pip install -e '.[serve]' ({e})")
+        _fail(f"libratio serve needs the [serve] extra: pip install -e '.[serve]' ({e})")
     if args.max_sessions < 1 or args.window_ms < 0 or args.idle_timeout <= 0:
-        parser.error("--max-sessions must be >= 1, --window-ms >= 0, --idle-timeout > 0")
+        _fail("--max-sessions must be >= 1, --window-ms >= 0, --idle-timeout > 0")
     app = build_app(max_sessions=args.max_sessions,
                     window_seconds=args.window_ms / 1e3 if args.window_ms > 0 else None,
                     idle_seconds=args.idle_timeout, max_body_bytes=args.max_body_bytes,
@@ -247,7 +256,7 @@ def _eval_parser(sub, fmt) -> None:
     v.add_argument("--output", default="runs/eval.json",
                    help="JSON report; the Markdown table is written beside it (.md)")
     v.add_argument("--concurrency", type=int, default=8, help="requests in flight")
-    v.add_argument("--temperature", type=float, default=0.0)
+    v.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     v.add_argument("--max-tokens", type=int, default=1024, help="per reply")
     v.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     v.add_argument("--retries", type=int, default=3,
@@ -262,19 +271,19 @@ def _eval_parser(sub, fmt) -> None:
                         "http://localhost:8000) instead of local sessions ([serve] extra)")
 
 
-def _eval(args, parser, argv: list[str]) -> int:
+def _eval(args, argv: list[str]) -> int:
     import os
 
     from libratio_jax.integrations import llm_eval
 
     if args.env_url is not None and args.base_url is None:
-        parser.error("--env-url needs a model (--base-url and --model); the baselines play "
+        _fail("--env-url needs a model (--base-url and --model); the baselines play "
                      "locally")
     if args.base_url is not None:
         try:
             import httpx  # noqa: F401
         except ImportError as e:
-            parser.error(f"libratio eval needs the [eval] extra: pip install -e '.[eval]' "
+            _fail(f"libratio eval needs the [eval] extra: pip install -e '.[eval]' "
                          f"({e})")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     overrides = {} if args.bank_size is None else {"bank_size": args.bank_size}
@@ -288,7 +297,7 @@ def _eval(args, parser, argv: list[str]) -> int:
             overrides=overrides, env_url=args.env_url, command=["libratio"] + list(argv),
             log=lambda m: print(m, file=sys.stderr))
     except ValueError as e:
-        parser.error(str(e))
+        _fail(str(e))
     path, md = llm_eval.save_report(report, args.output)
     print(report["table"], end="")
     print(f"-> {path}, {md}")
@@ -299,22 +308,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command in ("estimate-memory", "estimate-throughput"):
-        return _estimate(args, parser)
+        return _estimate(args)
     if args.command in ("models", "gpus", "formats"):
         _listing(args.command)
         return 0
     if args.command == "eval":
-        return _eval(args, parser, sys.argv[1:] if argv is None else argv)
+        return _eval(args, sys.argv[1:] if argv is None else argv)
     if args.command == "serve":
-        return _serve(args, parser)
+        return _serve(args)
     if args.command == "demo":
         if args.batch < 1:
-            parser.error("--batch must be >= 1")
+            _fail("--batch must be >= 1")
         demo(args.batch, args.seed, args.json)
     return 0
 
 
-def _estimate(args, parser) -> int:
+def _estimate(args) -> int:
     from libratio_jax.physics.estimate import estimate_memory, estimate_throughput
     from libratio_jax.physics.hardware import gpu_spec
 
@@ -330,7 +339,7 @@ def _estimate(args, parser) -> int:
         else:
             est = estimate_throughput(args.model, gpu=args.gpu, **kw)
     except ValueError as e:
-        parser.error(str(e))
+        _fail(str(e))
     inputs = {"model": args.model, **kw, **({"gpu": gpu.name} if gpu else {})}
     fit = None
     if gpu is not None and args.command == "estimate-memory":
