@@ -36,14 +36,21 @@ def get(url, **kw):
     return httpx.get(url, timeout=TIMEOUT, **kw)
 
 
-def _server(*args: str):
-    return local_server("--bank-size", "2", *args)
+def _server(*args: str, **kw):
+    return local_server("--bank-size", "2", *args, **kw)
 
 
 @pytest.fixture(scope="module")
-def server():
-    with _server("--max-sessions", "80") as url:
-        yield url
+def served(tmp_path_factory):
+    """A server process and the file its stderr goes to."""
+    log = tmp_path_factory.mktemp("serve") / "stderr.log"
+    with open(log, "w+b") as f, _server("--max-sessions", "80", stderr=f) as url:
+        yield url, log
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 def _local_rewards(env: str, seed: int, replies) -> list[float]:
@@ -180,7 +187,8 @@ async def _ws_episode(url, seed, replies):
         return out
 
 
-def test_64_websocket_sessions_each_see_only_their_episode(server):
+def test_64_websocket_sessions_each_see_only_their_episode(served):
+    server, log = served
     replies = [f'{{"precision_strategy": {{"ffn": "{f}", "embedding": "FP32"}}}}'
                for f in ("FP8", "BF16", "FP16", "FP32")]
 
@@ -195,6 +203,8 @@ def test_64_websocket_sessions_each_see_only_their_episode(server):
             PRECISION, 100 + i, [replies[(i + k) % 4] for k in range(8)]), abs=1e-6)
     health = get(server + "/health").json()  # the WebSocket sessions freed their slots
     assert health["active_sessions"] == health["fleet_sessions"]
+    # a client closing its session normally is not a server error (nothing in the log)
+    assert "Traceback" not in log.read_text(errors="replace")
 
 
 def test_errors_and_disconnects_over_websocket(server):

@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from starlette.websockets import WebSocketDisconnect
 
 from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
 from libratio_jax.serve.environment import LibratioEnvironment, check_seed
@@ -120,6 +121,24 @@ def _session_id(request: Request) -> str | None:
     return request.headers.get(HEADER) or request.cookies.get(COOKIE)
 
 
+class _QuietDisconnect:
+    """ASGI middleware: a WebSocket whose client has gone is not a server error.
+    openenv-core 0.3's ``/ws`` endpoint destroys the session, then closes the socket and
+    catches only ``RuntimeError``; when the client has already closed it, Starlette raises
+    ``WebSocketDisconnect`` there instead, and uvicorn logged "Exception in ASGI application"
+    with a traceback at the end of every normal client session. The session is gone by
+    then, so nothing is left to do."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.app(scope, receive, send)
+
+
 def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
               idle_seconds: float | None = 600.0, max_body_bytes: int = MAX_BODY_BYTES,
               overrides: dict | None = None) -> FastAPI:
@@ -136,6 +155,7 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
                      env_name="libratio_jax", concurrency_config=ConcurrencyConfig(
                          max_concurrent_envs=max_sessions, session_timeout=idle_seconds))
     app.state.hub = hub
+    app.add_middleware(_QuietDisconnect)
     sessions = _Sessions(hub, max_sessions, idle_seconds)
     app.state.sessions = sessions
     # The original's /health replaces OpenEnv's.

@@ -25,14 +25,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_server(*args: str, startup_seconds: float = 120.0):
+def local_server(*args: str, startup_seconds: float = 120.0, stderr=None):
     """``libratio serve --port P *args`` on a free port; yields its URL once ``/health``
     answers, stops it on exit. RuntimeError with the server's last output if it dies first.
-    Its output goes to a temporary file (a pipe nobody reads would fill up and stall it)."""
+    Its output goes to ``stderr`` (a binary file open for writing and reading, e.g. to
+    read the server's log after), else to a temporary file (a pipe nobody reads would fill
+    up and stall it)."""
     import httpx
 
     port = free_port()
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile() if stderr is None else stderr
     proc = subprocess.Popen([sys.executable, "-m", "libratio_jax", "serve", "--port", str(port),
                              *args], stdout=subprocess.DEVNULL, stderr=log,
                             env={**os.environ, "JAX_PLATFORMS": os.environ.get(
@@ -59,4 +61,5 @@ def local_server(*args: str, startup_seconds: float = 120.0):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
+        if stderr is None:
+            log.close()
