@@ -277,7 +277,9 @@ class FleetEnv(Environment):
         return self.observation_space()
 
     def action_spec(self, params: EnvParams | None = None) -> Plan:
-        """The action space's ``Plan`` of :class:`Box` specs (``.validate()``, ``.sample()``)."""
+        """The action space's ``Plan`` of :class:`Box` specs, one per field (each with
+        ``.validate()`` and ``.sample()``; a whole plan: ``spaces.validate_tree(spec, plan)``
+        or ``action_space(params).validate(plan)``)."""
         return self.action_space(params).tree
 
     def sample_action(self, key, state: EnvState) -> Plan:
