@@ -277,14 +277,12 @@ def _eval(args, argv: list[str]) -> int:
     from libratio_jax.integrations import llm_eval
 
     if args.env_url is not None and args.base_url is None:
-        _fail("--env-url needs a model (--base-url and --model); the baselines play "
-                     "locally")
+        _fail("--env-url needs a model (--base-url and --model); the baselines play locally")
     if args.base_url is not None:
         try:
             import httpx  # noqa: F401
         except ImportError as e:
-            _fail(f"libratio eval needs the [eval] extra: pip install -e '.[eval]' "
-                         f"({e})")
+            _fail(f"libratio eval needs the [eval] extra: pip install -e '.[eval]' ({e})")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     overrides = {} if args.bank_size is None else {"bank_size": args.bank_size}
     try:

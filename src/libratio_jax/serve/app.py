@@ -29,11 +29,10 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
-from starlette.websockets import WebSocketDisconnect
 
 from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
 from libratio_jax.serve.environment import LibratioEnvironment, check_seed
