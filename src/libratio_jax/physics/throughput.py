@@ -99,14 +99,14 @@ def effective_compute_class(peak_flops):
 
 def format_speed_columns(peak_flops, clock=1.0):
     """``[F, 2]`` per-format columns on one GPU kind: seconds per FLOP at the sustained rate,
-    fixed seconds per GEMM (the columns that depend on the GPU; :func:`format_bytes_columns`
+    fixed seconds per GEMM (the columns that depend on the GPU; :func:`format_traffic_columns`
     has the rest)."""
     cc = effective_compute_class(peak_flops)
     rate = peak_flops[cc] * _t(MFU)[cc] * clock
     return jnp.stack([1.0 / rate, _t(GEMM_FIXED_SECONDS)[cc]], axis=-1)
 
 
-def format_bytes_columns():
+def format_traffic_columns():
     """``[F, 3]`` per-format columns that do not depend on the GPU: activation bytes, cast
     bytes per GEMM input element, storage bytes. (Apart from :func:`format_speed_columns`:
     under ``vmap`` over plans, whose pools differ, only the speed columns are batched, so
@@ -169,7 +169,7 @@ def roofline_rows(model: A.ModelSpec, precision) -> dict:
     """The plan-independent per-row terms of the roofline (shaped like ``precision``, or
     ``[C, F]`` for ``formats.FORMAT_AXIS``): FLOPs, weight bytes and activation traffic per
     token, the formats' storage bytes, GEMM launches, kind flags."""
-    act_bytes, cast, storage = F.select_columns(precision, format_bytes_columns())
+    act_bytes, cast, storage = F.select_columns(precision, format_traffic_columns())
     is_expert = (model.kind == A.MOE_EXPERT_IN) | (model.kind == A.MOE_EXPERT_OUT)
     visits = jnp.where(is_expert, model.experts_per_token, 1.0) * model.count  # inputs/token
     return dict(
