@@ -14,8 +14,9 @@ batch with ``layer_stability`` is measured once more in a fresh process started 
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
 state run; run time is the median of ``--repeats`` steady-state calls. Then, per resolution,
-two lines ``evaluate_single_call``: microseconds of one ``lj.evaluate`` call on one plan of
-host arrays (validation, dispatch and the result included; what a server step pays), the median
+two lines ``evaluate_single_call`` per plan of ``PLAN_FORMATS``: microseconds of one
+``lj.evaluate`` call on one plan of NumPy arrays, or JAX arrays (validation, dispatch and the
+result included; what a server step pays), the median
 of ``--repeats`` rounds of 200 calls, the fastest of ``SINGLE_CALL_TRIALS`` fresh processes
 (``processes``) with JAX's default asynchronous CPU dispatch and with
 ``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA fusions) of that
@@ -71,8 +72,9 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
         out += huge_pages_records(max(batches), repeats, ref_rate)
     # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
     # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
-    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), and that
-    # plan with its first and last two blocks in BF16 (up to 25 pairs).
+    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), that
+    # plan with its first and last two blocks in BF16 (up to 25 pairs), and the plan of a
+    # format per layer kind in JAX arrays (as Plan.from_choices builds it).
     for formats in PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]:
         trials = {False: [], True: []}
         for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
@@ -163,9 +165,12 @@ def huge_pages_records(batch: int, repeats: int, ref_rate: float) -> list:
 SINGLE_CALL_TRIALS = 3
 
 
-# The single-call plans: a format drawn per row, a format per layer kind, and that with the
-# first and last ``EDGE_BLOCKS`` blocks of every model in BF16.
-PLAN_FORMATS = ("per row", "per layer kind", "per layer kind, edge blocks in BF16")
+# The single-call plans: a format drawn per row, a format per layer kind, that with the
+# first and last ``EDGE_BLOCKS`` blocks of every model in BF16, and the plan of a format per
+# layer kind held in JAX arrays, as ``Plan.from_choices`` builds it (the others are NumPy
+# arrays, as the text parser builds them).
+PLAN_FORMATS = ("per row", "per layer kind", "per layer kind, edge blocks in BF16",
+                "per layer kind, JAX arrays")
 EDGE_BLOCKS = 2
 
 
@@ -182,10 +187,13 @@ def single_call(block_groups, repeats: int, inline: bool, formats: str = "per ro
 
 
 def single_plan(sc, formats: str) -> lj.Plan:
-    """One valid host plan of ``formats`` (``PLAN_FORMATS``) on ``sc``, int32 like the plans
-    the text parser and ``Plan.from_choices`` build (what a server step evaluates)."""
+    """One valid plan of ``formats`` (``PLAN_FORMATS``) on ``sc``, int32 like the plans the
+    text parser and ``Plan.from_choices`` build (what a server step evaluates): NumPy arrays,
+    or JAX arrays for the last of ``PLAN_FORMATS``."""
     one = jax.tree.map(lambda x: np.asarray(x)[0].astype(np.int32),
                        sample_plans(sc, 1, seed=0, per_layer=formats == PLAN_FORMATS[0]))
+    if formats == PLAN_FORMATS[3]:
+        return jax.tree.map(jax.numpy.asarray, one)
     if formats != PLAN_FORMATS[2]:
         return one
     block = np.asarray(sc.models.block)

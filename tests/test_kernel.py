@@ -1,6 +1,7 @@
 """JAX evaluate vs the plain-Python reference, and JAX properties (jit, vmap, retrace)."""
 
 import functools
+import re
 
 import chex
 import jax
@@ -601,6 +602,58 @@ def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):
     huge.gpus[absent] = huge.tp[absent] = 2**40
     np.testing.assert_array_equal(lj.evaluate(sc, huge).tokens_per_second,
                                   lj.evaluate(sc, spoiled[0]).tokens_per_second)
+
+
+def test_one_unvalidated_or_device_plan_takes_the_host_path(monkeypatch, request):
+    """With inline CPU dispatch, one plan evaluated with ``validate=False`` and one plan held
+    in JAX arrays (``Plan.from_choices`` makes them) take the host path as a validated NumPy
+    plan does (``_evaluate_host_plan``): unvalidated, a plan that breaks a rule is not
+    refused but evaluated as the rows' physics sanitize it; in JAX arrays, the metrics and
+    the refusals are the NumPy plan's. A plan whose ids are not integers is left to the
+    general path."""
+    from libratio_jax.physics.plan import validate_plan
+
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)  # forced: the backend is up
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    calls = []  # check_rules of each call of the host path
+    host = kernel._evaluate_host_plan
+    monkeypatch.setattr(kernel, "_evaluate_host_plan", lambda *a: calls.append(a[-1]) or host(*a))
+    rng = np.random.default_rng(7)
+    for sc in (lj.reference_scenario(block_groups=1), _tiny_full_resolution("tiny-llama")):
+        _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+        plans = jax.tree.map(np.asarray, sample_plans(sc, 16, seed=9, per_layer=False))
+        spoiled, got, refused = [], [], 0
+        for b in range(16):
+            p = jax.tree.map(lambda x, b=b: x[b].copy(), plans)
+            for _ in range(rng.integers(0, 3)):  # none, one or two spoiled fields
+                field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch"])
+                getattr(p, field)[rng.integers(sc.num_tenants)] = rng.integers(-2, 40)
+            spoiled.append(p)
+            calls.clear()
+            got.append(lj.evaluate(sc, p, validate=False))
+            assert calls == [False]  # the host path, its rules not enforced
+            on_device = jax.tree.map(jnp.asarray, p)
+            calls.clear()
+            try:
+                validate_plan(sc, p)
+            except ValueError as e:
+                refused += 1
+                with pytest.raises(ValueError, match=re.escape(str(e))):
+                    lj.evaluate(sc, on_device)
+            else:
+                chex.assert_trees_all_equal(lj.evaluate(sc, on_device), lj.evaluate(sc, p))
+            assert calls[0] is True
+        assert 3 < refused < 13  # both verdicts
+        stacked = jax.tree.map(lambda *x: np.stack(x), *spoiled)
+        by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, stacked)
+        chex.assert_trees_all_close(jax.tree.map(lambda *x: np.stack(x), *got), by_rows,
+                                    rtol=1e-5, atol=1e-6)
+        calls.clear()
+        floats = spoiled[0].replace(precision=spoiled[0].precision.astype(np.float32))
+        chex.assert_trees_all_close(lj.evaluate(sc, floats, validate=False),
+                                    jax.tree.map(lambda x: x[0], by_rows), rtol=1e-5, atol=1e-6)
+        assert calls == []
 
 
 def test_single_host_plans_unpack_by_their_own_layout(monkeypatch):

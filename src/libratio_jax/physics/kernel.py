@@ -712,12 +712,20 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     if not isinstance(plan, Plan):
         raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
     # One host plan with inline CPU dispatch: its shapes and dtypes checked here, its rules in
-    # its program (below).
-    one_host_plan = (validate and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
-                     and not isinstance(scenario.present, jax.core.Tracer)
-                     and jax.default_backend() == "cpu" and _inline_dispatch())
+    # its program (below). One plan in concrete JAX arrays (``Plan.from_choices``) is read as
+    # NumPy: by the rows' program, concurrent at full resolution, it took ~3x longer.
+    inline = (jax.default_backend() == "cpu" and _inline_dispatch()
+              and not isinstance(scenario.present, jax.core.Tracer))
+    if inline and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
+        plan = _on_host(plan)
+    one_host_plan = inline and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
     if validate:
         validate_plan(scenario, plan, rules=not one_host_plan)
+    elif one_host_plan:  # unvalidated: the host path if its shapes, dtypes and ids would pass
+        try:
+            validate_plan(scenario, plan, rules=False)
+        except ValueError:
+            one_host_plan = False
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
@@ -729,10 +737,11 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     n_pools = scenario.cluster.gpu_count.shape[-1]
     if one_host_plan:
         out = (None if layout is None else
-               _evaluate_host_plan(scenario, plan, n_pools, bool(layer_stability)))
+               _evaluate_host_plan(scenario, plan, n_pools, bool(layer_stability), validate))
         if out is not None:
             return out
-        validate_plan(scenario, plan)  # the rules, on the host
+        if validate:
+            validate_plan(scenario, plan)  # the rules, on the host
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
                        bool(layer_stability))
@@ -793,8 +802,20 @@ def entry_capacities(num_tenants: int) -> tuple[int, ...]:
     return tuple(sorted({most * 3 // 4, most} - {0}))
 
 
-def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
-                        layer_stability: bool) -> Metrics | None:
+def _on_host(plan: Plan) -> Plan:
+    """``plan`` with its concrete JAX arrays as NumPy arrays (views on CPU), so that one plan
+    takes :func:`evaluate`'s host path; unchanged if a field is traced."""
+    values = [getattr(plan, f) for f in _PLAN_FIELDS]
+    if any(isinstance(x, jax.core.Tracer) for x in values):
+        return plan
+    return Plan(*(np.asarray(x) if isinstance(x, jax.Array) else x for x in values))
+
+
+_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))
+
+
+def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stability: bool,
+                        check_rules: bool = True) -> Metrics | None:
     """One host plan whose shapes and dtypes are validated, on a packed scenario, with inline
     CPU dispatch: in a program that also checks the plan's rules (``plan.breaks_rules``; only
     a plan that breaks one pays for ``validate_plan``'s message, which it raises), at full
@@ -809,7 +830,9 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
     per row at random), or the sanitizer refuses a tenant (the rows say what its rows
     score). ``None`` (the caller validates on the host) when an integer field is
     not a NumPy array, or is of a type wider than int32 (which packing as int32 could wrap)
-    and holds a value beyond ``INT_LIMIT``."""
+    and holds a value beyond ``INT_LIMIT``. ``check_rules=False`` (``evaluate(...,
+    validate=False)``): a plan that breaks a rule is not refused but evaluated as its
+    sanitizer says, as any unvalidated plan."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in ints):
         return None
@@ -828,7 +851,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
         program = _host_program(packed.kept, m, l, n_pools, layout, False,
                                 entries.shape[1])
         out, broken = program(arrays, (entries, _int_vector(ints)))
-        if broken:
+        if broken and check_rules:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
             if layer_stability:  # it depends on the rows' formats alone: the pairs' table
@@ -843,7 +866,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int,
     layout, arrays = packed.args
     program = _host_program(packed.kept, m, l, n_pools, layout, layer_stability, 0)
     out, broken = program(arrays, _plan_vector(plan.precision, ints))
-    if broken:
+    if broken and check_rules:
         validate_plan(scenario, plan)
     return out
 
