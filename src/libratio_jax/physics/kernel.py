@@ -705,7 +705,11 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     batch at full resolution (``scenario.row_classes`` set) is summed by format counts per
     row class (``physics.rowclasses``); ``layer_stability=False`` skips the one per-row
     output (``Metrics.layer_stability`` is then None), which is most of what such a batch
-    costs beyond reading its rows.
+    costs beyond reading its rows. With inline CPU dispatch (:func:`inline_cpu_dispatch`)
+    one plan (NumPy or concrete JAX arrays; unvalidated too, when its shapes, dtypes and
+    format ids are right) takes the host path: its rules checked in its program when it is
+    validated, at full resolution its (class, format) pairs evaluated when they fit, its
+    metrics NumPy arrays (docs/performance.md).
     """
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
