@@ -416,8 +416,9 @@ def test_class_counts_equal_row_by_row_physics(dtype):
                                 by_class, rtol=1e-6)
 
 
+@pytest.mark.parametrize("batched", [False, True])  # True: a batch's call (physics.native)
 @pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.float32])
-def test_rows_layer_stability_equals_a_numpy_reference(dtype):
+def test_rows_layer_stability_equals_a_numpy_reference(dtype, batched):
     """The per-row scores a batch computes after its chunks (a per-scenario table, then a
     select per row) equal the stability model written out in NumPy from its constants:
     ``exp(-u_f / (tol_kind x 3 if serving))``, x 0.9 for FP16 in training, 1 for padding
@@ -434,7 +435,8 @@ def test_rows_layer_stability_equals_a_numpy_reference(dtype):
     prec = np.where(rng.random(prec.shape) < 0.05, rng.choice(bad, prec.shape), prec)
     prec = prec.astype(dtype)
     plan_valid = rng.random((b, m)) < 0.7
-    got = jax.jit(jax.vmap(kernel.rows_layer_stability, in_axes=(None, 0, 0)))(
+    per_plan = jax.vmap(kernel.rows_layer_stability, in_axes=(None, 0, 0))
+    got = jax.jit(kernel.rows_layer_stability if batched else per_plan)(
         sc, jnp.asarray(prec), jnp.asarray(plan_valid))
 
     kind, valid = np.asarray(sc.models.kind), np.asarray(sc.models.valid)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from libratio_jax.physics import formats as F
+from libratio_jax.physics import native
 
 # Row tuple layout of ``architecture.build_rows``: kind, params, flops_per_token, in, out,
 # gemm_instances, act_bytes_per_token, block, count.
@@ -120,15 +121,35 @@ def format_counts(grid, precision, *, with_complete: bool = False):
     back to ``[B, M, classes, F]`` cost ~0.5 µs per plan). Ids outside ``[0, F)``, and
     non-integral values, are not counted (compare the total with the class sizes to flag
     them). ``with_complete``: also return ``bool[M, B]``, whether every row of the tenant
-    was counted, from the 8-bit counters class by class (summing the float counts over
-    ``(classes, F)`` instead cost ~0.35 µs per plan at 512 plans)."""
-    b, m, l = precision.shape
+    was counted. On the CPU the native kernel counts (``physics.native``), elsewhere
+    :func:`count_ids`."""
+    counts, complete = native.format_counts(grid, format_ids(precision), count_ids)
+    return (counts, complete) if with_complete else counts
+
+
+def format_ids(precision):
+    """``uint8`` format ids of ``precision`` (any numeric dtype): ids in ``[0, F)`` as they
+    are, every other value (negative, too large, non-integral, NaN) ``_NO_FORMAT``. One-byte
+    plans pass unchanged (an id of 12 or more already holds no format)."""
     p = jnp.asarray(precision)
+    if p.dtype == jnp.uint8:
+        return p
     if jnp.issubdtype(p.dtype, jnp.integer) or p.dtype == jnp.bool_:
         ok = (p >= 0) & (p < F.NUM_FORMATS)
     else:
         ok = jnp.isfinite(p) & (p == jnp.round(p)) & (p >= 0) & (p < F.NUM_FORMATS)
-    ids = jnp.where(ok, p, _NO_FORMAT).astype(jnp.uint8)
+    return jnp.where(ok, p, _NO_FORMAT).astype(jnp.uint8)
+
+
+def count_ids(grid, ids):
+    """:func:`format_counts` of one-byte ids (:func:`format_ids`) in XLA, ``(counts, complete)``,
+    written for XLA's CPU code generator: the plans' rows moved to the major axis (``[M, L,
+    B]``, a copy of one byte per row), the rows of each class gathered into a ``[M, classes,
+    slots]`` grid (whole rows of ``B`` plans at once), the formats counted slot by slot in
+    8-bit lanes across the batch, and ``complete`` from the 8-bit counters class by class
+    (summing the float counts over ``(classes, F)`` instead cost ~0.35 µs per plan at 512
+    plans)."""
+    b, m, l = ids.shape
     rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
     rows = jnp.concatenate([rows, jnp.full((m, 1, b), _NO_FORMAT, jnp.uint8)], axis=1)
     slots = jax.vmap(lambda r, g: r.at[g].get(mode="promise_in_bounds"))(rows, grid)
@@ -140,11 +161,9 @@ def format_counts(grid, precision, *, with_complete: bool = False):
             acc = [a + (x == f).astype(jnp.uint8) for f, a in enumerate(acc)]
         part = jnp.stack(acc, axis=2).astype(jnp.float32)  # [M, classes, F, B]
         total = part if total is None else total + part
-        if with_complete:  # each slot holds at most one format: the sum fits 8 bits
-            part = sum(acc[1:], acc[0]).astype(jnp.int32)  # [M, classes, B]
-            counted = part if counted is None else counted + part
-    if not with_complete:
-        return total
+        # each slot holds at most one format: the sum fits 8 bits
+        part = sum(acc[1:], acc[0]).astype(jnp.int32)  # [M, classes, B]
+        counted = part if counted is None else counted + part
     sizes = jnp.sum(jnp.asarray(grid) < l, axis=-1, dtype=jnp.int32)  # [M, classes]
     full = counted == sizes[:, :, None]
     # Class by class, elementwise over [M, B] (XLA's CPU reduction over the middle axis is a

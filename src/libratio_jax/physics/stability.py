@@ -111,15 +111,15 @@ def row_stability_table(models: A.ModelSpec, mode, present):
 
 
 def rows_stability(table, precision, keep):
-    """``float32[M, L]``: each row's entry of ``table [F, M, L]``
-    (:func:`row_stability_table`) for its format ``precision [M, L]`` (any dtype; a value
+    """``float32[..., M, L]``: each row's entry of ``table [F, M, L]``
+    (:func:`row_stability_table`) for its format ``precision [..., M, L]`` (any dtype; a value
     that is not an id in ``[0, F)`` reads format 0, as ``plan.sanitize_precision`` makes
-    it), BF16's for the tenants not in ``keep [M]``. A chain of selects, vectorized by XLA
+    it), BF16's for the tenants not in ``keep [..., M]``. A chain of selects, vectorized by XLA
     on CPU (formats.select_columns has why)."""
     score = table[0]
     for f in range(1, F.NUM_FORMATS):
         score = jnp.where(precision == f, table[f], score)
-    return jnp.where(keep[:, None], score, table[F.BF16])
+    return jnp.where(keep[..., None], score, table[F.BF16])
 
 
 def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weight=None):

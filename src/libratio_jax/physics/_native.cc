@@ -1,0 +1,450 @@
+// libratio_jax.physics._native: XLA FFI kernels for the CPU (physics/native.py loads them).
+//
+// Three handlers, none of which holds physics (the formulas stay in the JAX modules):
+//   lj_format_counts   a batch of plans' row formats counted per (tenant, row class, format),
+//                      the counts batch-last: what rowclasses.format_counts computes in XLA;
+//   lj_rows_stability  each row's entry of a [F, M, L] table at the row's format: what
+//                      stability.rows_stability computes in XLA;
+//   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
+//                      per plan is materialized instead of recomputed inside every per-row
+//                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
+//                      before fusion).
+// Every input is bounds-checked: an out-of-range grid entry reads as padding, a format id
+// outside [0, F) is not counted (lj_format_counts) or reads format 0 (lj_rows_stability).
+// Built by setup.py (an optional extension: without a compiler the package runs the XLA
+// forms); the XLA FFI headers come from jaxlib (jax.ffi.include_dir()).
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define LJ_X86 1
+#else
+#define LJ_X86 0
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kFormats = 12;         // formats.NUM_FORMATS (native.py checks it)
+constexpr uint8_t kNoFormat = 255;   // a padding slot or an id no format has
+constexpr int kTile = 64;            // plans counted side by side, one byte lane each
+constexpr int kU8Slots = 255;        // slots counted in 8-bit lanes before widening
+
+// ---------------------------------------------------------------------------------------
+// Work split over XLA's intra-op thread pool. Tasks claim chunks from a shared counter; the
+// calling thread claims too and then waits only for chunks already claimed by others (a
+// task that starts late finds nothing left), so a busy or one-thread pool cannot deadlock
+// the call. The state is shared with the tasks, which may outlive the call.
+struct SplitState {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+template <typename Fn>
+void ParallelChunks(ffi::ThreadPool* pool, int64_t n, Fn fn) {
+  int64_t workers = pool ? std::min<int64_t>(pool->num_threads(), n) : 1;
+  if (workers <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto state = std::make_shared<SplitState>();
+  auto work = [state, n, fn]() {
+    for (int64_t i = state->next.fetch_add(1); i < n; i = state->next.fetch_add(1)) {
+      fn(i);
+      state->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t w = 1; w < workers; ++w) {
+    auto task = work;
+    pool->Schedule(std::move(task));
+  }
+  work();
+  while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
+
+// Transparent huge pages for a large output about to be written (glibc maps allocations
+// above its mmap threshold afresh, and each 4 KB page faults on first touch: most of what a
+// full-resolution batch's layer_stability cost). Advice only; failures are ignored.
+void AdviseHugePages(void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  if (bytes < 4 * kHuge) return;
+  uintptr_t start = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Format counts. Layout: prec u8[b, M, L]; grid s32[M, C, S] (a tenant's row indices per
+// class, L = padding); counts f32[M, C, F, b]; complete pred[M, b] (every row of the
+// tenant's classes holds an id in [0, F)).
+
+struct Grid {
+  int M, C, S, L;
+  std::vector<int32_t> rows;  // [M, C, S], out-of-range entries replaced by L
+  std::vector<int32_t> size;  // [M, C] real slots
+  std::vector<int32_t> span;  // [M] rows to read: 1 + the largest row index used
+};
+
+Grid SanitizeGrid(const int32_t* grid, int M, int C, int S, int L) {
+  Grid g{M, C, S, L, std::vector<int32_t>(grid, grid + size_t(M) * C * S),
+         std::vector<int32_t>(size_t(M) * C, 0), std::vector<int32_t>(M, 0)};
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < C; ++c)
+      for (int s = 0; s < S; ++s) {
+        int32_t& r = g.rows[(size_t(m) * C + c) * S + s];
+        if (r < 0 || r >= L) {
+          r = L;
+        } else {
+          g.size[size_t(m) * C + c] += 1;
+          g.span[m] = std::max(g.span[m], r + 1);
+        }
+      }
+  return g;
+}
+
+void CountScalar(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int64_t p1,
+                 float* counts, bool* complete) {
+  const int M = g.M, C = g.C, S = g.S, L = g.L;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int m = 0; m < M; ++m) {
+      const uint8_t* row = prec + (size_t(p) * M + m) * L;
+      bool ok = true;
+      for (int c = 0; c < C; ++c) {
+        int32_t n[kFormats] = {0};
+        const int32_t* slots = &g.rows[(size_t(m) * C + c) * S];
+        for (int s = 0; s < S; ++s) {
+          if (slots[s] >= L) continue;
+          unsigned f = row[slots[s]];
+          if (f < unsigned(kFormats)) ++n[f]; else ok = false;
+        }
+        for (int f = 0; f < kFormats; ++f)
+          counts[((size_t(m) * C + c) * kFormats + f) * b + p] = float(n[f]);
+      }
+      complete[size_t(m) * b + p] = ok;
+    }
+}
+
+#if LJ_X86
+#define LJ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+
+// Index vectors of the 64x64 byte transpose's six stages: stage k swaps bit (5 - k) of the
+// row index with the same bit of the column, row i taking its partner i + h's low half of
+// each 2h-column block (IDX[k][0]) and the partner its high half (IDX[k][1]). The swaps
+// commute, so the stages run in two groups of three on 8 registers at a time.
+struct TransposeIndex {
+  alignas(64) uint8_t idx[6][2][64];
+  TransposeIndex() {
+    for (int k = 0; k < 6; ++k) {
+      int h = 32 >> k;
+      for (int j = 0; j < 64; ++j) {
+        int block = j / (2 * h) * (2 * h), t = j % (2 * h);
+        idx[k][0][j] = uint8_t(t < h ? block + t : 64 + block + t - h);
+        idx[k][1][j] = uint8_t(t < h ? block + h + t : 64 + block + t);
+      }
+    }
+  }
+};
+const TransposeIndex kTranspose;
+
+LJ_AVX512 inline void ThreeStages(__m512i* x, int first) {
+  for (int k = 0; k < 3; ++k) {
+    const int d = 4 >> k;  // partner distance among the 8 registers
+    const __m512i lo = _mm512_load_si512(kTranspose.idx[first + k][0]);
+    const __m512i hi = _mm512_load_si512(kTranspose.idx[first + k][1]);
+    for (int i = 0; i < 8; ++i) {
+      if (i & d) continue;
+      const __m512i a = x[i], c = x[i + d];
+      x[i] = _mm512_permutex2var_epi8(a, lo, c);
+      x[i + d] = _mm512_permutex2var_epi8(a, hi, c);
+    }
+  }
+}
+
+// dst[i * 64 + j] = src[j * stride + i] for plans j < plans (other lanes kNoFormat) and rows
+// i < rows (<= 64); tmp: 4 KB scratch.
+LJ_AVX512 void TransposeTile(const uint8_t* src, size_t stride, int plans, int rows,
+                             uint8_t* dst, uint8_t* tmp) {
+  const __mmask64 cols = rows == 64 ? ~__mmask64{0} : ((__mmask64{1} << rows) - 1);
+  const __m512i none = _mm512_set1_epi8(char(kNoFormat));
+  for (int g = 0; g < 8; ++g) {  // rows of the tile 8g..8g+7: stages h = 4, 2, 1
+    __m512i x[8];
+    for (int i = 0; i < 8; ++i) {
+      const int j = 8 * g + i;
+      x[i] = j < plans ? _mm512_mask_loadu_epi8(none, cols, src + size_t(j) * stride) : none;
+    }
+    ThreeStages(x, 3);
+    for (int i = 0; i < 8; ++i) _mm512_store_si512(tmp + (8 * g + i) * 64, x[i]);
+  }
+  for (int g = 0; g < 8; ++g) {  // rows g, g+8, ..., g+56: stages h = 32, 16, 8
+    __m512i x[8];
+    for (int i = 0; i < 8; ++i) x[i] = _mm512_load_si512(tmp + (g + 8 * i) * 64);
+    ThreeStages(x, 0);
+    for (int i = 0; i < 8; ++i)
+      if (g + 8 * i < rows) _mm512_store_si512(dst + (g + 8 * i) * 64, x[i]);
+  }
+}
+
+// One tile of up to 64 plans starting at p0: each tenant's rows transposed into `rows`
+// ([L + 1][64], row L all kNoFormat), then each class's slots counted in 8-bit lanes, one
+// accumulator per format, widened to float32 every kU8Slots slots.
+LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int plans,
+                         float* counts, bool* complete, uint8_t* rows, uint8_t* tmp) {
+  const int M = g.M, C = g.C, S = g.S, L = g.L;
+  const __mmask64 lanes = plans == 64 ? ~__mmask64{0} : ((__mmask64{1} << plans) - 1);
+  __m512i fmt[kFormats];
+  for (int f = 0; f < kFormats; ++f) fmt[f] = _mm512_set1_epi8(char(f));
+  const __m512i n_formats = _mm512_set1_epi8(char(kFormats));
+  const __m512i one = _mm512_set1_epi8(1);
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* src = prec + (size_t(p0) * M + m) * L;
+    for (int r0 = 0; r0 < g.span[m]; r0 += 64)
+      TransposeTile(src + r0, size_t(M) * L, plans, std::min(64, g.span[m] - r0),
+                    rows + size_t(r0) * 64, tmp);
+    __mmask64 ok = ~__mmask64{0};
+    for (int c = 0; c < C; ++c) {
+      const int32_t* slots = &g.rows[(size_t(m) * C + c) * S];
+      for (int s0 = 0; s0 < S || s0 == 0; s0 += kU8Slots) {
+        __m512i acc[kFormats];
+        for (int f = 0; f < kFormats; ++f) acc[f] = _mm512_setzero_si512();
+        for (int s = s0; s < std::min(S, s0 + kU8Slots); ++s) {
+          if (slots[s] >= L) continue;
+          const __m512i v = _mm512_load_si512(rows + size_t(slots[s]) * 64);
+          ok &= _mm512_cmplt_epu8_mask(v, n_formats);
+          for (int f = 0; f < kFormats; ++f)
+            acc[f] = _mm512_mask_add_epi8(acc[f], _mm512_cmpeq_epi8_mask(v, fmt[f]), acc[f], one);
+        }
+        for (int f = 0; f < kFormats; ++f) {
+          float* out = counts + ((size_t(m) * C + c) * kFormats + f) * b + p0;
+          for (int q = 0; q < 4; ++q) {
+            const int n = std::min(16, std::max(0, plans - 16 * q));
+            if (!n) break;
+            const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+            const __m128i bytes = _mm512_castsi512_si128(
+                _mm512_maskz_compress_epi64(__mmask8(3u << (2 * q)), acc[f]));
+            __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+            if (s0) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, out + 16 * q));
+            _mm512_mask_storeu_ps(out + 16 * q, k, x);
+          }
+        }
+        if (S == 0) break;
+      }
+    }
+    bool* done = complete + size_t(m) * b + p0;
+    for (int j = 0; j < plans; ++j) done[j] = (ok >> j) & 1;
+  }
+  (void)lanes;
+}
+
+bool HasVbmi() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+}
+#else
+bool HasVbmi() { return false; }
+#endif
+
+ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
+                        ffi::Buffer<ffi::S32> grid, ffi::ResultBuffer<ffi::F32> counts,
+                        ffi::ResultBuffer<ffi::PRED> complete) {
+  const auto pd = prec.dimensions();
+  const auto gd = grid.dimensions();
+  const auto cd = counts->dimensions();
+  if (pd.size() != 3 || gd.size() != 3 || cd.size() != 4 || gd[0] != pd[1] ||
+      cd[0] != pd[1] || cd[1] != gd[1] || cd[2] != kFormats || cd[3] != pd[0])
+    return ffi::Error::InvalidArgument("lj_format_counts: shapes do not match");
+  const int64_t b = pd[0];
+  const Grid g = SanitizeGrid(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]),
+                              int(pd[2]));
+  const uint8_t* p = prec.typed_data();
+  float* n = counts->typed_data();
+  bool* done = complete->typed_data();
+#if LJ_X86
+  if (HasVbmi()) {
+    const int64_t tiles = (b + kTile - 1) / kTile;
+    ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&, b](int64_t t) {
+      // per task: the transposed rows of a tenant and the transpose's scratch
+      std::vector<uint8_t, std::allocator<uint8_t>> buf(size_t(g.L + 1) * 64 + 64 * 64 + 64);
+      uint8_t* base = reinterpret_cast<uint8_t*>(
+          (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+      uint8_t* rows = base + 64 * 64;
+      std::memset(rows + size_t(g.L) * 64, kNoFormat, 64);
+      const int64_t p0 = t * kTile;
+      CountTile(p, g, b, p0, int(std::min<int64_t>(kTile, b - p0)), n, done, rows, base);
+    });
+    return ffi::Error::Success();
+  }
+#endif
+  CountScalar(p, g, b, 0, b, n, done);
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-row scores. prec u8[B, M, L]; table f32[F, M, L]; keep pred[B, M]; out f32[B, M, L]:
+// out[p, m, r] = table[f, m, r] with f the row's id (0 when not in [0, F)), or
+// table[fallback, m, r] for a tenant not kept.
+
+#if LJ_X86
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+void StabilityRowsAvx512(const uint8_t* row, const float* table, int64_t plane, int F, int L,
+                         float* out) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i n_formats = _mm512_set1_epi32(F);
+  const __m512i stride = _mm512_set1_epi32(int(plane));
+  for (int r = 0; r < L; r += 16) {
+    const int n = std::min(16, L - r);
+    const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
+    f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
+    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(f, stride),
+                                         _mm512_add_epi32(lane, _mm512_set1_epi32(r)));
+    _mm512_mask_storeu_ps(out + r, k,
+                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, table, 4));
+  }
+}
+
+bool HasAvx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+#else
+bool HasAvx512() { return false; }
+#endif
+
+void StabilityRowsScalar(const uint8_t* row, const float* table, int64_t plane, int F, int L,
+                         float* out) {
+  for (int r = 0; r < L; ++r) {
+    const unsigned f = row[r] < unsigned(F) ? row[r] : 0u;
+    out[r] = table[int64_t(f) * plane + r];
+  }
+}
+
+ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
+                         ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::PRED> keep,
+                         ffi::ResultBuffer<ffi::F32> out, int64_t fallback) {
+  const auto pd = prec.dimensions();
+  const auto td = table.dimensions();
+  const auto kd = keep.dimensions();
+  if (pd.size() != 3 || td.size() != 3 || kd.size() != 2 || td[1] != pd[1] ||
+      td[2] != pd[2] || kd[0] != pd[0] || kd[1] != pd[1] || fallback < 0 || fallback >= td[0])
+    return ffi::Error::InvalidArgument("lj_rows_stability: shapes do not match");
+  const int64_t B = pd[0], M = pd[1], L = pd[2];
+  const int F = int(td[0]);
+  const int64_t plane = M * L;
+  const uint8_t* p = prec.typed_data();
+  const float* t = table.typed_data();
+  const bool* k = keep.typed_data();
+  float* o = out->typed_data();
+  AdviseHugePages(o, size_t(B) * plane * sizeof(float));
+  const bool vec = HasAvx512() && plane < (int64_t{1} << 31) / std::max(F, 1);
+  constexpr int64_t kPlans = 256;  // plans per task
+  ParallelChunks(B > kPlans ? &pool : nullptr, (B + kPlans - 1) / kPlans, [&](int64_t c) {
+    for (int64_t i = c * kPlans; i < std::min(B, (c + 1) * kPlans); ++i)
+      for (int64_t m = 0; m < M; ++m) {
+        float* dst = o + (i * M + m) * L;
+        if (!k[i * M + m]) {
+          std::memcpy(dst, t + fallback * plane + m * L, size_t(L) * sizeof(float));
+          continue;
+        }
+        const uint8_t* row = p + (i * M + m) * L;
+#if LJ_X86
+        if (vec) {
+          StabilityRowsAvx512(row, t + m * L, plane, F, int(L), dst);
+          continue;
+        }
+#endif
+        StabilityRowsScalar(row, t + m * L, plane, F, int(L), dst);
+      }
+  });
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------------------
+// Fence: the output aliases the input (native.py asks XLA for it), so nothing moves unless
+// XLA had to give the output its own buffer.
+ffi::Error Fence(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  if (y->untyped_data() != x.untyped_data())
+    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFormatCounts, FormatCounts,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjRowsStability, RowsStability,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("fallback"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+// ---------------------------------------------------------------------------------------
+// The Python module: handlers() -> {target name: PyCapsule}, cpu() -> {feature: bool}.
+
+static PyObject* Handlers(PyObject*, PyObject*) {
+  PyObject* out = PyDict_New();
+  if (!out) return nullptr;
+  const struct {
+    const char* name;
+    void* fn;
+  } targets[] = {{"lj_format_counts", reinterpret_cast<void*>(LjFormatCounts)},
+                 {"lj_rows_stability", reinterpret_cast<void*>(LjRowsStability)},
+                 {"lj_fence", reinterpret_cast<void*>(LjFence)}};
+  for (const auto& t : targets) {
+    PyObject* capsule = PyCapsule_New(t.fn, nullptr, nullptr);
+    if (!capsule || PyDict_SetItemString(out, t.name, capsule) < 0) {
+      Py_XDECREF(capsule);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_DECREF(capsule);
+  }
+  return out;
+}
+
+static PyObject* Cpu(PyObject*, PyObject*) {
+  return Py_BuildValue("{s:O,s:O,s:i}", "avx512_vbmi", HasVbmi() ? Py_True : Py_False,
+                       "avx512", HasAvx512() ? Py_True : Py_False, "formats", kFormats);
+}
+
+static PyMethodDef kMethods[] = {
+    {"handlers", Handlers, METH_NOARGS, "XLA FFI handlers: {target name: PyCapsule}."},
+    {"cpu", Cpu, METH_NOARGS, "The CPU features the kernels use, and their format count."},
+    {nullptr, nullptr, 0, nullptr}};
+
+static struct PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_native",
+                                     "XLA FFI kernels of libratio_jax (physics/native.py).", -1,
+                                     kMethods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&kModule); }

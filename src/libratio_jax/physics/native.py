@@ -1,0 +1,194 @@
+"""Native CPU kernels (XLA FFI) for the per-row work of a full-resolution batch.
+
+XLA's CPU code generator moves bytes slowly: counting a batch's row formats per row class
+(``rowclasses.format_counts``) and spreading each row's score over a ``[B, M, L]`` output
+(``stability.rows_stability``) cost it more than all the physics after them, and its fusion
+pass recomputes per-plan values inside every per-row kernel that reads them
+(docs/performance.md). The optional extension ``libratio_jax.physics._native`` (C++, built
+by ``pip install`` where a compiler is found; ``setup.py``) holds three XLA FFI handlers for
+the CPU:
+
+- ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
+  64 plans side by side in byte lanes (AVX-512 VBMI; ~4x less time than XLA's counters);
+- ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
+  rows_stability`, on XLA's thread pool, with huge pages advised for the output;
+- ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
+
+None holds physics: they count, pick and copy. Each is used only on the CPU, only where it
+computes exactly what its XLA form does (the tests compare them on hostile inputs), and only
+after a check in this process: on other platforms, without the extension, on a CPU without
+AVX-512 (the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
+the XLA forms run. :func:`status` says which.
+
+Example:
+    >>> from libratio_jax.physics import native
+    >>> isinstance(native.status().reason, str)
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ENV_SWITCH = "LIBRATIO_NATIVE"  # "0": the XLA forms everywhere
+
+try:
+    from libratio_jax.physics import _native as _extension
+except ImportError:  # not built (no compiler at install, or a source tree): the XLA forms
+    _extension = None
+
+
+class NativeStatus(NamedTuple):
+    """Which native kernels this process uses, and why not the others."""
+
+    counts: bool  # lj_format_counts (needs AVX-512 VBMI)
+    rows: bool  # lj_rows_stability
+    fence: bool  # lj_fence
+    reason: str  # "" when all three are used, else why not (or not all)
+
+
+@functools.cache
+def status() -> NativeStatus:
+    """What :func:`format_counts`, :func:`rows_stability` and :func:`fence` run on the CPU in
+    this process: the native kernels after a one-time check that they load, run and agree
+    with their XLA forms on a small hostile batch, else the XLA forms (``reason`` says
+    why)."""
+    if os.environ.get(ENV_SWITCH, "1").strip() == "0":
+        return NativeStatus(False, False, False, f"disabled by {ENV_SWITCH}=0")
+    if _extension is None:
+        return NativeStatus(False, False, False,
+                            "the extension libratio_jax.physics._native is not built")
+    from libratio_jax.physics import formats as F
+
+    cpu = _extension.cpu()
+    if cpu["formats"] != F.NUM_FORMATS:
+        return NativeStatus(False, False, False,
+                            f"the extension counts {cpu['formats']} formats, not "
+                            f"{F.NUM_FORMATS}: rebuild it")
+    try:
+        for name, capsule in _extension.handlers().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+            _self_check(bool(cpu["avx512_vbmi"]))
+    except Exception as e:  # any failure: the XLA forms, and the reason kept
+        return NativeStatus(False, False, False, f"self-check failed: {type(e).__name__}: {e}")
+    counts = bool(cpu["avx512_vbmi"])
+    return NativeStatus(counts, True, True,
+                        "" if counts else "this CPU has no AVX-512 VBMI: counts in XLA")
+
+
+def _result(like, shape, dtype):
+    """The type of a kernel's result of ``shape`` and ``dtype`` made from its input ``like``
+    (so that under ``shard_map`` it varies over the same mesh axes as its input)."""
+    return jax.typeof(like).update(shape=tuple(shape), dtype=jnp.dtype(dtype),
+                                   weak_type=False)
+
+
+def _cpu_only(native_fn, xla_fn, *args):
+    """``native_fn(*args)`` where lowered for the CPU, ``xla_fn(*args)`` elsewhere."""
+    return jax.lax.platform_dependent(*args, cpu=native_fn, default=xla_fn)
+
+
+def format_counts(grid, ids, xla_fn):
+    """``(counts float32[M, C, F, b], complete bool[M, b])`` of one-byte format ids ``ids
+    uint8[b, M, L]`` (an id not in ``[0, F)`` holds no format) in the class grid ``grid
+    int32[M, C, S]`` (rowclasses.class_grid): the native kernel on the CPU when
+    :func:`status` allows it, else ``xla_fn(grid, ids)``, which must return the same."""
+    if not status().counts:
+        return xla_fn(grid, ids)
+    return _cpu_only(_native_counts, xla_fn, jnp.asarray(grid, jnp.int32), ids)
+
+
+def _native_counts(grid, ids):
+    from libratio_jax.physics import formats as F
+
+    b, m, _ = ids.shape
+    return tuple(jax.ffi.ffi_call(
+        "lj_format_counts", (_result(ids, (m, grid.shape[1], F.NUM_FORMATS, b), jnp.float32),
+                             _result(ids, (m, b), jnp.bool_)),
+        vmap_method="sequential")(ids, grid))
+
+
+def rows_stability(table, ids, keep, fallback: int, xla_fn):
+    """``float32[B, M, L]``: ``table[f, m, r]`` (``table float32[F, M, L]``) at each row's id
+    ``f = ids[p, m, r]`` (``uint8[B, M, L]``; 0 for an id not in ``[0, F)``), or
+    ``table[fallback, m, r]`` for the tenants not in ``keep bool[B, M]``: the native kernel
+    on the CPU when :func:`status` allows it, else ``xla_fn(table, ids, keep)``."""
+    if not status().rows:
+        return xla_fn(table, ids, keep)
+    return _cpu_only(functools.partial(_native_rows, fallback=fallback), xla_fn, table, ids,
+                     keep)
+
+
+def _native_rows(table, ids, keep, fallback):
+    return jax.ffi.ffi_call("lj_rows_stability", _result(ids, ids.shape, jnp.float32),
+                            vmap_method="sequential")(ids, table, keep,
+                                                      fallback=np.int64(fallback))
+
+
+@jax.custom_jvp
+def _fence_leaf(x):
+    call = jax.ffi.ffi_call("lj_fence", _result(x, x.shape, x.dtype),
+                            vmap_method="broadcast_all", input_output_aliases={0: 0})
+    return _cpu_only(call, lambda y: y, x)
+
+
+@_fence_leaf.defjvp
+def _fence_jvp(primals, tangents):
+    return _fence_leaf(*primals), tangents[0]
+
+
+def fence(tree):
+    """``tree`` unchanged, each array leaf materialized once on the CPU: XLA fuses a value
+    into every kernel that reads it and recomputes it there (its CPU pipeline drops
+    ``lax.optimization_barrier`` before fusion), so a per-plan value read by ``[..., L]``
+    per-row kernels is recomputed for every row. A fence makes those kernels read it
+    instead. An identity for values, gradients and other platforms."""
+    if not status().fence:
+        return tree
+    return _fenced(tree)
+
+
+def _fenced(tree):
+    return jax.tree.map(lambda x: _fence_leaf(jnp.asarray(x)), tree)
+
+
+def _self_check(counts: bool) -> None:
+    """Raise unless the native kernels give what their XLA forms give on a small batch of
+    hostile ids (out of domain, padding slots, a partial tile)."""
+    from libratio_jax.physics import formats as F
+    from libratio_jax.physics.rowclasses import count_ids
+
+    rng = np.random.default_rng(0)
+    b, m, l, c, s = 70, 2, 23, 3, 9
+    ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.05] = 200
+    grid = rng.integers(0, l + 3, (m, c, s)).astype(np.int32)  # L and beyond: padding
+    grid[grid > l] = l
+    if counts:
+        n, ok = jax.jit(_native_counts)(grid, ids)
+        n_ref, ok_ref = count_ids(grid, ids)
+        if not (np.array_equal(np.asarray(n), np.asarray(n_ref))
+                and np.array_equal(np.asarray(ok), np.asarray(ok_ref))):
+            raise RuntimeError("lj_format_counts differs from its XLA form")
+    table = rng.random((F.NUM_FORMATS, m, l)).astype(np.float32)
+    keep = rng.random((b, m)) < 0.8
+    fallback = 2
+
+    def picked(t, i, k):
+        return jnp.where(k[..., None], jnp.take_along_axis(
+            t[None], jnp.where(i < F.NUM_FORMATS, i, 0).astype(jnp.int32)[:, None], 1)[:, 0],
+            t[fallback][None])
+
+    out = jax.jit(functools.partial(_native_rows, fallback=fallback))(table, ids, keep)
+    if not np.array_equal(np.asarray(out), np.asarray(picked(table, ids, keep))):
+        raise RuntimeError("lj_rows_stability differs from its XLA form")
+    x = rng.random((b, m)).astype(np.float32)
+    if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
+        raise RuntimeError("lj_fence is not an identity")

@@ -1,0 +1,214 @@
+"""The native CPU kernels (physics/native.py, physics/_native.cc) against their XLA forms and
+plain NumPy, on hostile inputs; the fallback when they are off."""
+
+import functools
+import os
+import platform
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import libratio_jax as lj
+from libratio_jax.physics import formats as F
+from libratio_jax.physics import kernel, native, stability
+from libratio_jax.physics.plan import sample_plans
+from libratio_jax.physics.rowclasses import count_ids, format_counts
+
+NATIVE = native.status()
+needs_native = pytest.mark.skipif(not NATIVE.fence, reason=NATIVE.reason)
+needs_counts = pytest.mark.skipif(not NATIVE.counts, reason=NATIVE.reason)
+
+
+def test_the_extension_is_built_where_a_compiler_is():
+    """``pip install`` builds the extension where a C++ compiler is found (setup.py: an
+    optional extension, which would otherwise fail silently), and on such a machine it
+    passes its self-check; the reason is empty only when every kernel is on."""
+    if os.environ.get(native.ENV_SWITCH, "1").strip() == "0":
+        assert not NATIVE.fence and native.ENV_SWITCH in NATIVE.reason
+        return
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler here: the package runs the XLA forms")
+    assert native._extension is not None, NATIVE.reason
+    assert NATIVE.fence and NATIVE.rows, NATIVE.reason
+    assert NATIVE.counts == native._extension.cpu()["avx512_vbmi"]
+    assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence)
+    if platform.machine() not in ("x86_64", "AMD64"):
+        assert not NATIVE.counts
+
+
+def _numpy_counts(grid, ids):
+    """``(counts [M, C, F, B], complete [M, B])`` by plain loops; grid entries outside
+    ``[0, L)`` are padding."""
+    b, m, l = ids.shape
+    _, c, s = grid.shape
+    counts = np.zeros((m, c, F.NUM_FORMATS, b))
+    complete = np.ones((m, b), bool)
+    for t, j, k in np.ndindex(m, c, s):
+        r = grid[t, j, k]
+        if 0 <= r < l:
+            f = ids[:, t, r].astype(int)
+            ok = f < F.NUM_FORMATS
+            np.add.at(counts[t, j], (f[ok], np.flatnonzero(ok)), 1)
+            complete[t] &= ok
+    return counts, complete
+
+
+@needs_counts
+@pytest.mark.parametrize("b", [1, 63, 64, 65, 200])
+def test_native_counts_equal_the_xla_counts_and_numpy(b):
+    """Every byte value (ids 12..255 hold no format), partial 64-plan tiles, padding slots,
+    tenants of different lengths, a class with no rows: the native counts equal XLA's
+    counters and a NumPy count, bit for bit."""
+    rng = np.random.default_rng(b)
+    m, l, c, s = 3, 130, 7, 20
+    ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
+    bad = rng.random(ids.shape) < 0.03
+    ids[bad] = rng.integers(F.NUM_FORMATS, 256, bad.sum())
+    ids[0, 0] = rng.integers(0, F.NUM_FORMATS, l)  # one tenant of valid ids only
+    grid = np.full((m, c, s), l, np.int32)
+    for t, rows in enumerate((l, 70, 5)):  # tenants of 130, 70 and 5 rows; class 6 empty
+        order = rng.permutation(rows)
+        for j in range(c - 1):
+            part = order[j::c - 1][:s]
+            grid[t, j, :len(part)] = part
+    got = jax.jit(functools.partial(format_counts, with_complete=True))(grid, ids)
+    want = _numpy_counts(grid, ids)
+    xla = jax.jit(count_ids)(grid, ids)
+    for g, x, w in zip(got, xla, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+        np.testing.assert_array_equal(np.asarray(x), w)
+    assert want[1].any() and not want[1].all()
+
+
+@needs_counts
+def test_native_counts_are_bounded_by_the_grid():
+    """Grid entries outside ``[0, L)`` (negative, past the rows) read as padding instead of
+    reading outside the plans, and a class of more than 255 rows is widened past its 8-bit
+    counters: as a NumPy count."""
+    rng = np.random.default_rng(7)
+    b, m, l = 70, 2, 600
+    ids = rng.integers(0, F.NUM_FORMATS + 2, (b, m, l)).astype(np.uint8)
+    ids[:, 1] = 3  # the second tenant: 300 rows in one class, all one format
+    grid = rng.integers(-5, l + 50, (m, 4, 300)).astype(np.int32)
+    grid[1, 0] = np.arange(300)
+    got = jax.jit(functools.partial(format_counts, with_complete=True))(grid, ids)
+    want = _numpy_counts(grid, ids)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    assert float(got[0][1, 0, 3].min()) == 300.0
+
+
+@needs_counts
+def test_native_counts_under_vmap_and_retracing():
+    """Under ``vmap`` (an extra batch axis) the kernel runs once per slice and gives what a
+    loop gives; a second batch of the same shape reuses the compiled program."""
+    rng = np.random.default_rng(3)
+    grid = np.asarray(lj.reference_scenario().row_classes)
+    ids = rng.integers(0, 14, (2, 5, 4, 399)).astype(np.uint8)
+    fn = jax.jit(jax.vmap(functools.partial(format_counts, grid)))
+    got = np.asarray(fn(ids))
+    for i in range(2):
+        np.testing.assert_array_equal(got[i], _numpy_counts(grid, ids[i])[0])
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def counts(x):
+        return format_counts(grid, x)
+
+    for seed in range(3):
+        counts(np.random.default_rng(seed).integers(0, 12, (65, 4, 399)).astype(np.uint8))
+
+
+@needs_native
+@pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
+def test_native_rows_equal_the_xla_rows(b):
+    """Each row's score picked from a ``[F, M, L]`` table at its id (format 0 for ids out of
+    the domain), the fallback format's for the tenants not kept: as ``stability.
+    rows_stability`` in XLA and as NumPy indexing."""
+    rng = np.random.default_rng(b)
+    m, l = 3, 41
+    table = rng.random((F.NUM_FORMATS, m, l)).astype(np.float32)
+    ids = rng.integers(0, 256, (b, m, l)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.7] %= F.NUM_FORMATS
+    keep = rng.random((b, m)) < 0.8
+    got = jax.jit(lambda t, i, k: native.rows_stability(t, i, k, F.BF16, None))(
+        table, ids, keep)
+    xla = jax.jit(stability.rows_stability)(table, ids, keep)
+    f = np.where(ids < F.NUM_FORMATS, ids, 0)
+    picked = table[f, np.arange(m)[:, None], np.arange(l)]
+    want = np.where(keep[..., None], picked, table[F.BF16][None])
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(xla), want)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bool_])
+def test_fence_is_an_identity(dtype):
+    """A fence changes no value, under jit and vmap, and passes gradients through."""
+    x = (jnp.arange(24).reshape(2, 3, 4) % 5).astype(dtype)
+    chex.assert_trees_all_equal(jax.jit(native.fence)({"a": x, "b": (x, x)}),
+                                {"a": x, "b": (x, x)})
+    chex.assert_trees_all_equal(jax.jit(jax.vmap(native.fence))(x), x)
+    if dtype == jnp.float32:
+        g = jax.grad(lambda y: jnp.sum(native.fence(y) ** 2))(x)
+        chex.assert_trees_all_close(g, 2 * x)
+
+
+def test_status_says_why_the_xla_forms_run(monkeypatch):
+    """``LIBRATIO_NATIVE=0``, a missing extension or a failed self-check turn every native
+    kernel off, with the reason; the status is computed once per process."""
+    try:
+        native.status.cache_clear()
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+        off = native.status()
+        assert not (off.counts or off.rows or off.fence) and native.ENV_SWITCH in off.reason
+        monkeypatch.delenv(native.ENV_SWITCH)
+        native.status.cache_clear()
+        monkeypatch.setattr(native, "_extension", None)
+        assert "not built" in native.status().reason
+        if NATIVE.fence:
+            monkeypatch.undo()
+            monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+            native.status.cache_clear()
+
+            def broken(_counts):
+                raise RuntimeError("differs")
+
+            monkeypatch.setattr(native, "_self_check", broken)
+            failed = native.status()
+            assert not failed.fence and "self-check failed: RuntimeError: differs" in failed.reason
+    finally:
+        monkeypatch.undo()
+        native.status.cache_clear()
+        assert native.status() == NATIVE
+
+
+@needs_native
+@pytest.mark.parametrize("block_groups", [None, 1])
+def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block_groups):
+    """A batch of hostile plans (formats out of the domain, fields out of their domains)
+    evaluated with the native kernels and fences, and with the XLA forms only: the same
+    metrics, ``layer_stability`` and verdicts bit for bit, the rest up to float rounding."""
+    sc = lj.reference_scenario(block_groups=block_groups)
+    plans = sample_plans(sc, 150, seed=11)
+    rng = np.random.default_rng(11)
+    prec = np.array(plans.precision)
+    prec[rng.random(prec.shape) < 0.002] = 200
+    gpus = np.array(plans.gpus)
+    gpus[rng.random(gpus.shape) < 0.1] = -3
+    plans = plans.replace(precision=prec, gpus=gpus)
+    run = jax.jit(kernel.evaluate_batch)
+    with_native = run(sc, plans)
+    monkeypatch.setattr(native, "status", lambda: native.NativeStatus(False, False, False,
+                                                                      "off in this test"))
+    without = jax.jit(kernel.evaluate_batch)(sc, plans)
+    valid = np.asarray(without.plan_valid)
+    assert 0.2 < valid.mean() < 1.0
+    for name in ("plan_valid", "fits", "diverges", "gpus_used", "layer_stability"):
+        np.testing.assert_array_equal(np.asarray(getattr(with_native, name)),
+                                      np.asarray(getattr(without, name)), err_msg=name)
+    chex.assert_trees_all_close(with_native, without, rtol=1e-6)
