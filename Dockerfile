@@ -8,9 +8,14 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     JAX_PLATFORMS=cpu PORT=8000 MAX_SESSIONS=256
 WORKDIR /app
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY src ./src
-RUN pip install --upgrade pip && pip install ".[serve]"
+# g++ builds the native CPU kernels (libratio_jax.physics._native; without it the package
+# runs their XLA forms), then goes; libstdc++6, which the kernels load, stays.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ libstdc++6 \
+    && pip install --upgrade pip && pip install ".[serve]" \
+    && python -c "from libratio_jax.physics import native; print(native.status())" \
+    && apt-get purge -y g++ && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home appuser
 USER appuser
 EXPOSE 8000

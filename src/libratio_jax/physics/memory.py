@@ -34,7 +34,7 @@ from flax import struct
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.optimizer import optimizer_state_bytes
-from libratio_jax.physics.rowclasses import row_present, row_sum
+from libratio_jax.physics.rowclasses import row_present, row_sums
 from libratio_jax.physics.scenario import TRAIN
 
 # Bytes per logit element at the training peak. At the end of the forward pass the 16-bit logits
@@ -153,12 +153,10 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     head = model.valid & (model.kind == A.LM_HEAD)
     in_block = model.block >= 0
     row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
-    weights_total = row_sum(params * storage, row_weight)
-    grads_total = row_sum(params * grad_bytes, row_weight)
-    opt_total = row_sum(params * opt_bytes, row_weight)
-    grads_head = row_sum(jnp.where(head, params * grad_bytes, 0.0), row_weight)
-    rows_act = row_sum(jnp.where(in_block, row_act, 0.0), row_weight)
-    outside_act = row_sum(jnp.where(in_block, 0.0, row_act), row_weight)
+    weights_total, grads_total, opt_total, grads_head, rows_act, outside_act, params_total = (
+        row_sums([params * storage, params * grad_bytes, params * opt_bytes,
+                  jnp.where(head, params * grad_bytes, 0.0), jnp.where(in_block, row_act, 0.0),
+                  jnp.where(in_block, 0.0, row_act), params], row_weight))
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
     if largest_layer_bytes is None:
@@ -173,7 +171,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     opt = opt_total / model_shard / jnp.where(zero_stage >= 1, dp, 1.0)
     if offload_optimizer:
         opt, grads, grads_head = 0.0 * opt, 0.0 * grads, 0.0 * grads_head
-    cache = row_sum(params, row_weight) * weight_cache_bytes / model_shard
+    cache = params_total * weight_cache_bytes / model_shard
 
     # Activations saved per token: rows (scaled by the format's activation bytes) + block extras.
     blocks_act = rows_act + model.n_blocks * model.block_act_bytes_per_token

@@ -213,6 +213,17 @@ def row_sum(x, row_weight=None):
     return jnp.tensordot(jnp.broadcast_to(x, row_weight.shape), row_weight, row_weight.ndim)
 
 
+def row_sums(terms, row_weight=None) -> list:
+    """``[row_sum(x, row_weight) for x in terms]``, weighted as one contraction: with a
+    batch's format counts as the weights, one matrix product that reads the counts once
+    instead of one matrix-vector product per term."""
+    if row_weight is None:
+        return [jnp.sum(x) for x in terms]
+    stacked = jnp.stack([jnp.broadcast_to(x, row_weight.shape) for x in terms])
+    out = jnp.tensordot(stacked, row_weight, row_weight.ndim)
+    return [out[i] for i in range(len(terms))]
+
+
 def row_present(valid, row_weight=None):
     """The rows an extremum over the rows reads: ``valid``, and with ``row_weight`` only the
     rows counted at least once (a class holding no row in a format is not in the plan)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.rowclasses import row_sum
+from libratio_jax.physics.rowclasses import row_sums
 from libratio_jax.physics.scenario import TRAIN
 
 # Relative error tolerated per kind (training), in KIND_NAMES order.
@@ -134,12 +134,13 @@ def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weig
     kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
                        0.0)
     weight = jnp.where(model.valid, model.count, 0.0)
-    log_sum = row_sum(logs * weight, row_weight) + kv_log
-    count = row_sum(weight, row_weight) + serving
-    score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
     # Diverges when a row in the plan scores below the threshold: counted rather than a
     # minimum over the rows present, so that with format counts (``row_weight``) it is one
     # more contraction of the counts with a plan-independent term, not a per-plan extremum.
     below = np.float32(np.log(DIVERGENCE_THRESHOLD))
-    rows_below = row_sum(jnp.where(model.valid & (logs < below), 1.0, 0.0), row_weight)
+    log_sum, count, rows_below = row_sums(
+        [logs * weight, weight, jnp.where(model.valid & (logs < below), 1.0, 0.0)], row_weight)
+    log_sum = log_sum + kv_log
+    count = count + serving
+    score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
     return jnp.exp(logs), score, (rows_below > 0.0) | (kv_log < below)

@@ -35,7 +35,7 @@ from flax import struct
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.memory import kv_cache_bytes, num_micro_batches
-from libratio_jax.physics.rowclasses import row_sum
+from libratio_jax.physics.rowclasses import row_sums
 from libratio_jax.physics.scenario import TRAIN
 
 # Sustained fraction of dense peak per compute class (fp32, tf32, bf16, fp16, fp8, int8, fp4).
@@ -242,10 +242,14 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     if roofline_sums is None:
         roof, launches = row_roofline(r, rows, *F.select_columns(
             precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
-        roofline_sums = row_sum(roof, row_weight), row_sum(launches, row_weight)
+        roofline_sums = row_sums([roof, launches], row_weight)
     roof_sum, launch_sum = roofline_sums[0] / tp, roofline_sums[1]
     grad_bytes = jnp.where(valid, model.params, 0.0) * F.gradient_bytes(storage)
-    grad_sum = row_sum(grad_bytes, row_weight)
+    # The plan-independent sums of the rows, as one contraction (rowclasses.row_sums).
+    autocast = weight_storage_bytes is not None
+    grad_sum, saved_rows, w_rows, *params_total = row_sums(
+        [grad_bytes, jnp.where(valid & (model.block >= 0), model.act_bytes_per_token, 0.0),
+         w_bytes] + ([jnp.where(valid, model.params, 0.0)] if autocast else []), row_weight)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
     # reads the whole KV cache and does 4 s q_dim FLOPs per token per block.
@@ -260,20 +264,18 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     kernels_once = (roof_sum + launch_sum + attn) / pp
     bubble = jnp.where(is_train, (m + pp - 1.0) / m, 1.0)  # 1F1B (Narayanan et al. 2021 §2.2)
     # Training extras (constants above): elementwise traffic, the loss, the optimizer step.
-    saved_per_block = (row_sum(jnp.where(valid & (model.block >= 0), model.act_bytes_per_token,
-                                         0.0), row_weight) / jnp.maximum(n_blocks, 1.0)
+    saved_per_block = (saved_rows / jnp.maximum(n_blocks, 1.0)
                        + model.block_act_bytes_per_token)
     elementwise = (tokens_replica * n_blocks * saved_per_block
                    * ELEMENTWISE_BYTES_PER_SAVED_BYTE * (passes / 3.0))
     # The loss (training); a forward pass only writes its 16-bit logits.
     loss = tokens_replica * model.vocab * (F.ACT16_BYTES if forward_only
                                            else LOSS_BYTES_PER_LOGIT)
-    w_total = row_sum(w_bytes, row_weight)
+    w_total = w_rows
     cast = 0.0
-    if weight_storage_bytes is not None:  # autocast: master weights cast every micro-batch
-        params_total = row_sum(jnp.where(valid, model.params, 0.0), row_weight)
-        w_total = params_total * weight_storage_bytes
-        cast = m * (w_total + row_sum(w_bytes, row_weight))
+    if autocast:  # master weights cast every micro-batch
+        w_total = params_total[0] * weight_storage_bytes
+        cast = m * (w_total + w_rows)
     optimizer_step = 0.0 if forward_only else w_total * OPTIMIZER_STEP_BYTES_PER_WEIGHT_BYTE / (
         jnp.where(zero_stage >= 1, dp, 1.0))  # ZeRO-1+ shards the step over data-parallel ranks
     extras = jnp.where(is_train, (elementwise + loss + cast) / (tp * pp), 0.0)
