@@ -469,8 +469,8 @@ def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
 
 def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = True) -> Metrics:
     """Evaluation of plans with leading axes ``batch_shape`` (flattened to one)."""
-    if not batch_shape:
-        out = evaluate_one(scenario, plan)
+    if not batch_shape:  # one plan: evaluate_one without its fence (~10 kernels, no batch)
+        out = evaluate_sanitized(scenario, *sanitize_plan(scenario, plan))
         return out if layer_stability else out.replace(layer_stability=None)
     k = len(batch_shape)
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[k:]), plan)
