@@ -10,8 +10,10 @@ path costs in XLA, cumulatively, and compares it with ``lj.evaluate``'s batch pa
 
 - ``read``: one pass over the plans' format ids (their sum per plan): what merely reading a
   plan costs.
-- ``count``: ``rowclasses.format_counts``, the counting ``lj.evaluate`` does (the ids moved to
-  the major axis, the class slots gathered, counted in 8-bit lanes), summed per plan.
+- ``count``: ``rowclasses.format_counts``, the counting ``lj.evaluate`` does (on the CPU the
+  native kernel of ``physics.native`` where it runs), summed per plan; ``count (XLA)``: its
+  XLA form, ``rowclasses.count_ids`` (the ids moved to the major axis, the class slots
+  gathered, counted in 8-bit lanes).
 - ``count + sums``: plus every linear sum of the physics as one contraction of the counts
   ``[M, classes, F]`` with a per-scenario ``[M, classes, F, 8]`` table (weights, gradients,
   optimizer state, activations, launches, log-stability...: the physics has about 8).
@@ -51,7 +53,7 @@ import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics.kernel import class_chunk, evaluate_batch, map_chunks  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
-from libratio_jax.physics.rowclasses import format_counts  # noqa: E402
+from libratio_jax.physics.rowclasses import count_ids, format_counts, format_ids  # noqa: E402
 
 LINEAR_SUMS = 8  # the physics' linear sums over a tenant's rows, about
 
@@ -77,7 +79,11 @@ def stages(grid, tables):
             out.append(jnp.max(jnp.where(n > 0, g[..., None], 0.0), axis=(1, 2)).T[..., None])
         return jnp.concatenate(out, axis=-1).reshape(n.shape[-1], -1)
 
-    return {"read": read, "count": functools.partial(count, level=0),
+    def count_xla(p):
+        n, _ = count_ids(grid, format_ids(p.precision))
+        return jnp.sum(n, axis=(1, 2)).T
+
+    return {"read": read, "count": functools.partial(count, level=0), "count (XLA)": count_xla,
             "count + sums": functools.partial(count, level=1),
             "count + sums + roofline": functools.partial(count, level=2),
             "count + sums + roofline + extrema": functools.partial(count, level=3)}
