@@ -212,3 +212,33 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
         np.testing.assert_array_equal(np.asarray(getattr(with_native, name)),
                                       np.asarray(getattr(without, name)), err_msg=name)
     chex.assert_trees_all_close(with_native, without, rtol=1e-6)
+
+
+@needs_native
+def test_the_first_use_inside_a_trace_turns_the_kernels_on():
+    """In a fresh process whose first evaluation is traced (a caller's jit), the one-time
+    self-check runs its small programs eagerly and passes; the metrics equal the eager
+    call's."""
+    import subprocess
+    import sys
+
+    code = """
+import jax, numpy as np
+import libratio_jax as lj
+from libratio_jax.physics import native
+from libratio_jax.physics.plan import sample_plans
+sc = lj.reference_scenario()
+plans = sample_plans(sc, 70, seed=1)
+traced = jax.jit(lambda p: lj.evaluate(sc, p))(plans)
+assert native.status().fence, native.status()
+eager = lj.evaluate(sc, plans)
+np.testing.assert_allclose(np.asarray(traced.step_seconds), np.asarray(eager.step_seconds),
+                           rtol=1e-6)
+np.testing.assert_array_equal(np.asarray(traced.layer_stability),
+                              np.asarray(eager.layer_stability))
+print("ok", native.status().counts)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", str(NATIVE.counts)]

@@ -210,7 +210,6 @@ LJ_AVX512 void TransposeTile(const uint8_t* src, size_t stride, int plans, int r
 LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int plans,
                          float* counts, bool* complete, uint8_t* rows, uint8_t* tmp) {
   const int M = g.M, C = g.C, S = g.S, L = g.L;
-  const __mmask64 lanes = plans == 64 ? ~__mmask64{0} : ((__mmask64{1} << plans) - 1);
   __m512i fmt[kFormats];
   for (int f = 0; f < kFormats; ++f) fmt[f] = _mm512_set1_epi8(char(f));
   const __m512i n_formats = _mm512_set1_epi8(char(kFormats));
@@ -252,7 +251,6 @@ LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t 
     bool* done = complete + size_t(m) * b + p0;
     for (int j = 0; j < plans; ++j) done[j] = (ok >> j) & 1;
   }
-  (void)lanes;
 }
 
 bool HasVbmi() {

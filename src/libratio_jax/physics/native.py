@@ -9,7 +9,7 @@ by ``pip install`` where a compiler is found; ``setup.py``) holds three XLA FFI 
 the CPU:
 
 - ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
-  64 plans side by side in byte lanes (AVX-512 VBMI; ~4x less time than XLA's counters);
+  64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters);
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
