@@ -95,8 +95,9 @@ void AdviseHugePages(void* data, size_t bytes) {
 
 // ---------------------------------------------------------------------------------------
 // Format counts. Layout: prec u8[b, M, L]; grid s32[M, C, S] (a tenant's row indices per
-// class, L = padding); counts f32[M, C, F, b]; complete pred[M, b] (every row of the
-// tenant's classes holds an id in [0, F)).
+// class, L = padding); counts u8 or f32 [M, C, F, b] (u8 needs S <= 255: no count can
+// exceed 255; XLA converts them where it reads them, a quarter of the bytes to write);
+// complete pred[M, b] (every row of the tenant's classes holds an id in [0, F)).
 
 struct Grid {
   int M, C, S, L;
@@ -122,8 +123,9 @@ Grid SanitizeGrid(const int32_t* grid, int M, int C, int S, int L) {
   return g;
 }
 
+template <typename T>
 void CountScalar(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int64_t p1,
-                 float* counts, bool* complete) {
+                 T* counts, bool* complete) {
   const int M = g.M, C = g.C, S = g.S, L = g.L;
   for (int64_t p = p0; p < p1; ++p)
     for (int m = 0; m < M; ++m) {
@@ -138,7 +140,7 @@ void CountScalar(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int6
           if (f < unsigned(kFormats)) ++n[f]; else ok = false;
         }
         for (int f = 0; f < kFormats; ++f)
-          counts[((size_t(m) * C + c) * kFormats + f) * b + p] = float(n[f]);
+          counts[((size_t(m) * C + c) * kFormats + f) * b + p] = T(n[f]);
       }
       complete[size_t(m) * b + p] = ok;
     }
@@ -207,8 +209,29 @@ LJ_AVX512 void TransposeTile(const uint8_t* src, size_t stride, int plans, int r
 // One tile of up to 64 plans starting at p0: each tenant's rows transposed into `rows`
 // ([L + 1][64], row L all kNoFormat), then each class's slots counted in 8-bit lanes, one
 // accumulator per format, widened to float32 every kU8Slots slots.
+// The 8-bit accumulators of 64 plans as float32 counts at out[0, plans), added to what is
+// there when `add` (a class of more than kU8Slots slots), or as bytes.
+LJ_AVX512 inline void StoreCounts(__m512i acc, int plans, bool add, float* out) {
+  for (int q = 0; q < 4; ++q) {
+    const int n = std::min(16, std::max(0, plans - 16 * q));
+    if (!n) break;
+    const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const __m128i bytes =
+        _mm512_castsi512_si128(_mm512_maskz_compress_epi64(__mmask8(3u << (2 * q)), acc));
+    __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+    if (add) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, out + 16 * q));
+    _mm512_mask_storeu_ps(out + 16 * q, k, x);
+  }
+}
+
+LJ_AVX512 inline void StoreCounts(__m512i acc, int plans, bool, uint8_t* out) {
+  _mm512_mask_storeu_epi8(out, plans == 64 ? ~__mmask64{0} : ((__mmask64{1} << plans) - 1),
+                          acc);
+}
+
+template <typename T>
 LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int plans,
-                         float* counts, bool* complete, uint8_t* rows, uint8_t* tmp) {
+                         T* counts, bool* complete, uint8_t* rows, uint8_t* tmp) {
   const int M = g.M, C = g.C, S = g.S, L = g.L;
   __m512i fmt[kFormats];
   for (int f = 0; f < kFormats; ++f) fmt[f] = _mm512_set1_epi8(char(f));
@@ -232,19 +255,9 @@ LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t 
           for (int f = 0; f < kFormats; ++f)
             acc[f] = _mm512_mask_add_epi8(acc[f], _mm512_cmpeq_epi8_mask(v, fmt[f]), acc[f], one);
         }
-        for (int f = 0; f < kFormats; ++f) {
-          float* out = counts + ((size_t(m) * C + c) * kFormats + f) * b + p0;
-          for (int q = 0; q < 4; ++q) {
-            const int n = std::min(16, std::max(0, plans - 16 * q));
-            if (!n) break;
-            const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-            const __m128i bytes = _mm512_castsi512_si128(
-                _mm512_maskz_compress_epi64(__mmask8(3u << (2 * q)), acc[f]));
-            __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-            if (s0) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, out + 16 * q));
-            _mm512_mask_storeu_ps(out + 16 * q, k, x);
-          }
-        }
+        for (int f = 0; f < kFormats; ++f)
+          StoreCounts(acc[f], plans, s0 > 0,
+                      counts + ((size_t(m) * C + c) * kFormats + f) * b + p0);
         if (S == 0) break;
       }
     }
@@ -261,27 +274,15 @@ bool HasVbmi() {
 bool HasVbmi() { return false; }
 #endif
 
-ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
-                        ffi::Buffer<ffi::S32> grid, ffi::ResultBuffer<ffi::F32> counts,
-                        ffi::ResultBuffer<ffi::PRED> complete) {
-  const auto pd = prec.dimensions();
-  const auto gd = grid.dimensions();
-  const auto cd = counts->dimensions();
-  if (pd.size() != 3 || gd.size() != 3 || cd.size() != 4 || gd[0] != pd[1] ||
-      cd[0] != pd[1] || cd[1] != gd[1] || cd[2] != kFormats || cd[3] != pd[0])
-    return ffi::Error::InvalidArgument("lj_format_counts: shapes do not match");
-  const int64_t b = pd[0];
-  const Grid g = SanitizeGrid(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]),
-                              int(pd[2]));
-  const uint8_t* p = prec.typed_data();
-  float* n = counts->typed_data();
-  bool* done = complete->typed_data();
+template <typename T>
+void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b, T* n,
+              bool* done) {
 #if LJ_X86
   if (HasVbmi()) {
     const int64_t tiles = (b + kTile - 1) / kTile;
     ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&, b](int64_t t) {
       // per task: the transposed rows of a tenant and the transpose's scratch
-      std::vector<uint8_t, std::allocator<uint8_t>> buf(size_t(g.L + 1) * 64 + 64 * 64 + 64);
+      std::vector<uint8_t> buf(size_t(g.L + 1) * 64 + 64 * 64 + 64);
       uint8_t* base = reinterpret_cast<uint8_t*>(
           (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
       uint8_t* rows = base + 64 * 64;
@@ -289,10 +290,33 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
       const int64_t p0 = t * kTile;
       CountTile(p, g, b, p0, int(std::min<int64_t>(kTile, b - p0)), n, done, rows, base);
     });
-    return ffi::Error::Success();
+    return;
   }
 #endif
   CountScalar(p, g, b, 0, b, n, done);
+}
+
+ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
+                        ffi::Buffer<ffi::S32> grid, ffi::Result<ffi::AnyBuffer> counts,
+                        ffi::ResultBuffer<ffi::PRED> complete) {
+  const auto pd = prec.dimensions();
+  const auto gd = grid.dimensions();
+  const auto cd = counts->dimensions();
+  if (pd.size() != 3 || gd.size() != 3 || cd.size() != 4 || gd[0] != pd[1] ||
+      cd[0] != pd[1] || cd[1] != gd[1] || cd[2] != kFormats || cd[3] != pd[0])
+    return ffi::Error::InvalidArgument("lj_format_counts: shapes do not match");
+  const auto type = counts->element_type();
+  if (type != ffi::DataType::F32 && !(type == ffi::DataType::U8 && gd[2] <= kU8Slots))
+    return ffi::Error::InvalidArgument(
+        "lj_format_counts: counts are float32, or uint8 for at most 255 slots per class");
+  const int64_t b = pd[0];
+  const Grid g = SanitizeGrid(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]),
+                              int(pd[2]));
+  bool* done = complete->typed_data();
+  if (type == ffi::DataType::U8)
+    CountAll(pool, prec.typed_data(), g, b, static_cast<uint8_t*>(counts->untyped_data()), done);
+  else
+    CountAll(pool, prec.typed_data(), g, b, static_cast<float*>(counts->untyped_data()), done);
   return ffi::Error::Success();
 }
 
@@ -392,7 +416,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFormatCounts, FormatCounts,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjRowsStability, RowsStability,
