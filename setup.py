@@ -4,6 +4,7 @@ the CPU; see ``src/libratio_jax/physics/native.py``). Everything else is in pypr
 The extension needs a C++17 compiler and the XLA FFI headers that jaxlib ships (a build
 requirement). It is optional: where it cannot be built the package installs without it and
 runs the same computations in XLA (``libratio_jax.physics.native.status()`` says which).
+``LIBRATIO_NO_NATIVE=1`` in the environment skips it.
 """
 
 import os
