@@ -203,9 +203,15 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
     plans = plans.replace(precision=prec, gpus=gpus)
     run = jax.jit(kernel.evaluate_batch)
     with_native = run(sc, plans)
+    assert "lj_fence" in run.lower(sc, plans).as_text()
     monkeypatch.setattr(native, "status", lambda: native.NativeStatus(False, False, False,
                                                                       "off in this test"))
-    without = jax.jit(kernel.evaluate_batch)(sc, plans)
+    jax.clear_caches()  # else the traced program of the same function is reused
+    run = jax.jit(kernel.evaluate_batch)
+    without = run(sc, plans)
+    assert "lj_" not in run.lower(sc, plans).as_text()
+    monkeypatch.undo()
+    jax.clear_caches()  # no program traced without the kernels outlives the test
     valid = np.asarray(without.plan_valid)
     assert 0.2 < valid.mean() < 1.0
     for name in ("plan_valid", "fits", "diverges", "gpus_used", "layer_stability"):
