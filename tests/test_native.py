@@ -85,6 +85,37 @@ def test_native_counts_equal_the_xla_counts_and_numpy(b):
 
 
 @needs_counts
+def test_native_counts_of_a_chunk_read_in_place():
+    """``start`` and ``size``: the chunk's plans counted where they lie in the batch (one
+    compiled program for every ``start``), plans past the batch's end as plans without rows
+    (counts 0, not complete), ``start`` clamped to the batch: as a NumPy count of the chunk
+    and as XLA's counters on the chunk padded with ids of no format."""
+    rng = np.random.default_rng(5)
+    b, m, l, size = 200, 4, 399, 64
+    grid = np.asarray(lj.reference_scenario().row_classes)
+    ids = rng.integers(0, F.NUM_FORMATS + 3, (b, m, l)).astype(np.uint8)
+    ids[rng.random((b, m)) < 0.5] %= F.NUM_FORMATS  # complete tenants too
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def chunk(x, start):
+        return format_counts(grid, x, start=start, size=size, with_complete=True)
+
+    for start in (0, 64, 130, 190, 250, -7):
+        first = min(max(start, 0), b)
+        part = np.full((size, m, l), 255, np.uint8)
+        part[:max(min(b - first, size), 0)] = ids[first:first + size]
+        want = _numpy_counts(grid, part)
+        want[1][:, max(b - first, 0):] = False  # plans past the end: not complete
+        got = chunk(ids, np.int32(start))
+        xla = jax.jit(count_ids)(grid, native._chunk_of(ids, first, size))
+        for g, x, w in zip(got, xla, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=str(start))
+            np.testing.assert_array_equal(np.asarray(x), w, err_msg=str(start))
+        assert (want[0].sum() == 0) == (start >= b)  # past the end: nothing counted
+
+
+@needs_counts
 def test_native_counts_are_bounded_by_the_grid():
     """Grid entries outside ``[0, L)`` (negative, past the rows) read as padding instead of
     reading outside the plans, and a class of more than 255 rows is widened past its 8-bit
@@ -188,13 +219,16 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
 
 
 @needs_native
-@pytest.mark.parametrize("block_groups", [None, 1])
-def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block_groups):
+@pytest.mark.parametrize("block_groups,batch", [(None, 150), (1, 150), (None, 1100)])
+def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block_groups,
+                                                                 batch):
     """A batch of hostile plans (formats out of the domain, fields out of their domains)
     evaluated with the native kernels and fences, and with the XLA forms only: the same
-    metrics, ``layer_stability`` and verdicts bit for bit, the rest up to float rounding."""
+    metrics, ``layer_stability`` and verdicts bit for bit, the rest up to float rounding.
+    1,100 plans: three chunks on the CPU, the last one padded, counted in place (one-byte
+    plans) and from copies of the chunks (int32 plans)."""
     sc = lj.reference_scenario(block_groups=block_groups)
-    plans = sample_plans(sc, 150, seed=11)
+    plans = sample_plans(sc, batch, seed=11)
     rng = np.random.default_rng(11)
     prec = np.array(plans.precision)
     prec[rng.random(prec.shape) < 0.002] = 200
@@ -204,6 +238,10 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
     run = jax.jit(kernel.evaluate_batch)
     with_native = run(sc, plans)
     assert "lj_fence" in run.lower(sc, plans).as_text()
+    if sc.row_classes is not None and batch > kernel.class_chunk(sc):
+        assert jax.default_backend() != "cpu" or "while" in run.lower(sc, plans).as_text()
+        wide = run(sc, plans.replace(precision=prec.astype(np.int32)))
+        chex.assert_trees_all_close(wide, with_native, rtol=1e-6)
     monkeypatch.setattr(native, "status", lambda: native.NativeStatus(False, False, False,
                                                                       "off in this test"))
     jax.clear_caches()  # else the traced program of the same function is reused

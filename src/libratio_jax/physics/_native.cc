@@ -94,10 +94,13 @@ void AdviseHugePages(void* data, size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Format counts. Layout: prec u8[b, M, L]; grid s32[M, C, S] (a tenant's row indices per
-// class, L = padding); counts u8 or f32 [M, C, F, b] (u8 needs S <= 255: no count can
-// exceed 255; XLA converts them where it reads them, a quarter of the bytes to write);
-// complete pred[M, b] (every row of the tenant's classes holds an id in [0, F)).
+// Format counts. Layout: prec u8[B, M, L]; grid s32[M, C, S] (a tenant's row indices per
+// class, L = padding); start s32[] (the first plan to count); counts u8 or f32 [M, C, F, k]
+// (u8 needs S <= 255: no count can exceed 255; XLA converts them where it reads them, a
+// quarter of the bytes to write); complete pred[M, k] (every row of the tenant's classes
+// holds an id in [0, F)). Plans start .. start + k - 1 are counted (start clamped to
+// [0, B]): a chunk of a batch read where it lies, no copy of its rows; the slots of plans
+// past B - 1 are written as plans without rows (counts 0, not complete).
 
 struct Grid {
   int M, C, S, L;
@@ -124,7 +127,7 @@ Grid SanitizeGrid(const int32_t* grid, int M, int C, int S, int L) {
 }
 
 template <typename T>
-void CountScalar(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int64_t p1,
+void CountScalar(const uint8_t* prec, const Grid& g, int64_t k, int64_t p0, int64_t p1,
                  T* counts, bool* complete) {
   const int M = g.M, C = g.C, S = g.S, L = g.L;
   for (int64_t p = p0; p < p1; ++p)
@@ -140,9 +143,9 @@ void CountScalar(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int6
           if (f < unsigned(kFormats)) ++n[f]; else ok = false;
         }
         for (int f = 0; f < kFormats; ++f)
-          counts[((size_t(m) * C + c) * kFormats + f) * b + p] = T(n[f]);
+          counts[((size_t(m) * C + c) * kFormats + f) * k + p] = T(n[f]);
       }
-      complete[size_t(m) * b + p] = ok;
+      complete[size_t(m) * k + p] = ok;
     }
 }
 
@@ -230,7 +233,7 @@ LJ_AVX512 inline void StoreCounts(__m512i acc, int plans, bool, uint8_t* out) {
 }
 
 template <typename T>
-LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t p0, int plans,
+LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t k, int64_t p0, int plans,
                          T* counts, bool* complete, uint8_t* rows, uint8_t* tmp) {
   const int M = g.M, C = g.C, S = g.S, L = g.L;
   __m512i fmt[kFormats];
@@ -242,6 +245,11 @@ LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t 
     for (int r0 = 0; r0 < g.span[m]; r0 += 64)
       TransposeTile(src + r0, size_t(M) * L, plans, std::min(64, g.span[m] - r0),
                     rows + size_t(r0) * 64, tmp);
+    if (m + 1 < M)  // the next tenant's rows fetched while this one's are counted
+      for (int j = 0; j < plans; ++j)
+        for (int r = 0; r < g.span[m + 1] + 63; r += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(src + L + size_t(j) * M * L + r),
+                       _MM_HINT_T0);
     __mmask64 ok = ~__mmask64{0};
     for (int c = 0; c < C; ++c) {
       const int32_t* slots = &g.rows[(size_t(m) * C + c) * S];
@@ -257,11 +265,11 @@ LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t b, int64_t 
         }
         for (int f = 0; f < kFormats; ++f)
           StoreCounts(acc[f], plans, s0 > 0,
-                      counts + ((size_t(m) * C + c) * kFormats + f) * b + p0);
+                      counts + ((size_t(m) * C + c) * kFormats + f) * k + p0);
         if (S == 0) break;
       }
     }
-    bool* done = complete + size_t(m) * b + p0;
+    bool* done = complete + size_t(m) * k + p0;
     for (int j = 0; j < plans; ++j) done[j] = (ok >> j) & 1;
   }
 }
@@ -274,13 +282,18 @@ bool HasVbmi() {
 bool HasVbmi() { return false; }
 #endif
 
+// Plans 0 .. b - 1 of `p` counted into the slots 0 .. b - 1 of rows k apart, the slots b .. k - 1
+// written as plans without rows.
 template <typename T>
-void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b, T* n,
-              bool* done) {
+void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b, int64_t k,
+              T* n, bool* done) {
+  for (int64_t r = 0; r < int64_t(g.M) * g.C * kFormats; ++r)
+    std::fill(n + r * k + b, n + (r + 1) * k, T(0));
+  for (int m = 0; m < g.M; ++m) std::fill(done + m * k + b, done + (m + 1) * k, false);
 #if LJ_X86
   if (HasVbmi()) {
     const int64_t tiles = (b + kTile - 1) / kTile;
-    ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&, b](int64_t t) {
+    ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&, b, k](int64_t t) {
       // per task: the transposed rows of a tenant and the transpose's scratch
       std::vector<uint8_t> buf(size_t(g.L + 1) * 64 + 64 * 64 + 64);
       uint8_t* base = reinterpret_cast<uint8_t*>(
@@ -288,35 +301,41 @@ void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b,
       uint8_t* rows = base + 64 * 64;
       std::memset(rows + size_t(g.L) * 64, kNoFormat, 64);
       const int64_t p0 = t * kTile;
-      CountTile(p, g, b, p0, int(std::min<int64_t>(kTile, b - p0)), n, done, rows, base);
+      CountTile(p, g, k, p0, int(std::min<int64_t>(kTile, b - p0)), n, done, rows, base);
     });
     return;
   }
 #endif
-  CountScalar(p, g, b, 0, b, n, done);
+  CountScalar(p, g, k, 0, b, n, done);
 }
 
 ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
-                        ffi::Buffer<ffi::S32> grid, ffi::Result<ffi::AnyBuffer> counts,
+                        ffi::Buffer<ffi::S32> grid, ffi::Buffer<ffi::S32> start,
+                        ffi::Result<ffi::AnyBuffer> counts,
                         ffi::ResultBuffer<ffi::PRED> complete) {
   const auto pd = prec.dimensions();
   const auto gd = grid.dimensions();
   const auto cd = counts->dimensions();
-  if (pd.size() != 3 || gd.size() != 3 || cd.size() != 4 || gd[0] != pd[1] ||
-      cd[0] != pd[1] || cd[1] != gd[1] || cd[2] != kFormats || cd[3] != pd[0])
+  const auto dd = complete->dimensions();
+  if (pd.size() != 3 || gd.size() != 3 || cd.size() != 4 || dd.size() != 2 ||
+      start.element_count() != 1 || gd[0] != pd[1] || cd[0] != pd[1] || cd[1] != gd[1] ||
+      cd[2] != kFormats || dd[0] != cd[0] || dd[1] != cd[3])
     return ffi::Error::InvalidArgument("lj_format_counts: shapes do not match");
   const auto type = counts->element_type();
   if (type != ffi::DataType::F32 && !(type == ffi::DataType::U8 && gd[2] <= kU8Slots))
     return ffi::Error::InvalidArgument(
         "lj_format_counts: counts are float32, or uint8 for at most 255 slots per class");
-  const int64_t b = pd[0];
+  const int64_t k = cd[3];
+  const int64_t first = std::clamp<int64_t>(start.typed_data()[0], 0, pd[0]);
+  const int64_t b = std::clamp<int64_t>(pd[0] - first, 0, k);  // plans to count
   const Grid g = SanitizeGrid(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]),
                               int(pd[2]));
+  const uint8_t* p = prec.typed_data() + size_t(first) * pd[1] * pd[2];
   bool* done = complete->typed_data();
   if (type == ffi::DataType::U8)
-    CountAll(pool, prec.typed_data(), g, b, static_cast<uint8_t*>(counts->untyped_data()), done);
+    CountAll(pool, p, g, b, k, static_cast<uint8_t*>(counts->untyped_data()), done);
   else
-    CountAll(pool, prec.typed_data(), g, b, static_cast<float*>(counts->untyped_data()), done);
+    CountAll(pool, p, g, b, k, static_cast<float*>(counts->untyped_data()), done);
   return ffi::Error::Success();
 }
 
@@ -415,6 +434,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFormatCounts, FormatCounts,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());

@@ -145,10 +145,12 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, ro
                           zero_stage, recompute, mb, row_weight=row_weight,
                           roofline_sums=None if sums is None else (sums["roof"],
                                                                    sums["launches"]))
-    # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows).
+    # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows; its
+    # roofline sums from the caller's per-entry terms if it has them).
     bf16 = jnp.full_like(coarse.kind, F.BF16)
     st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
-                               zero_stage, recompute, mb)
+                               zero_stage, recompute, mb,
+                               roofline_sums=None if sums is None else sums["bf16"])
     power = safety.gpu_power_watts(st.busy_fraction, pool["idle_watts"], pool["tdp_watts"])
     temp = safety.steady_temperature_celsius(power, inlet,
                                              pool["thermal_resistance_celsius_per_watt"])
@@ -280,20 +282,25 @@ def _class_rows(scenario: Scenario) -> dict:
     """The plan-independent per-entry terms the class path sums batch-last
     (:func:`_class_row_sums`), ``[M, C, F, 1]`` each: the roofline's
     (``throughput.roofline_rows``) and each entry's ZeRO-3 gathered bytes (``-1`` where no
-    row can be)."""
+    row can be); ``class_rows [M, C, 1, 1]``, the rows of each class."""
     models = jax.vmap(class_model)(scenario.coarse_models)
     rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
     storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
     gather = jax.vmap(layer_gather_bytes, in_axes=(0, None))(models, storage)
     rows["largest_layer"] = jnp.where(models.valid, gather, -1.0)
-    return {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
+    out = {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
+    coarse = scenario.coarse_models
+    out["class_rows"] = jnp.where(coarse.valid, coarse.count, 0.0)[:, :, None, None]
+    return out
 
 
 def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
     """The plan-dependent row sums of plans counted by class, ``[M, b]`` each, computed with
     the plans' axis last: ``roof`` and ``launches`` (``throughput.row_roofline`` weighted by
     the counts, before tensor parallelism) and ``largest_layer`` (the largest ZeRO-3
-    gathered bytes of an entry the plan holds). ``fields`` the plans' sanitized integer
+    gathered bytes of an entry the plan holds), and ``bf16``, the ``(roof, launches)`` of
+    the plan's layout with every row in BF16 (its all-BF16 baseline). ``fields`` the plans'
+    sanitized integer
     fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``), ``rows`` of
     :func:`_class_rows`. Written per plan inside ``vmap``, these sums made XLA transpose
     the counts to the plans' axis first and write every entry's terms before a contraction
@@ -323,9 +330,16 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # plans/s).
     r = native.fence(jax.tree.map(batch_last, r))
     roof, launches = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
+    # The all-BF16 baseline's sums, every row of a class in BF16 (a class's entries are its
+    # rows scaled to one, the roofline positively homogeneous in them: rowclasses.
+    # class_model): computed per plan on the merged rows, they cost ~0.25 µs per plan.
+    def bf16(x):
+        return class_total(rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1,
+                                                                     axis=2))
     return dict(roof=class_total(counts * roof), launches=class_total(counts * launches),
                 largest_layer=jnp.maximum(class_total(
-                    jnp.where(counts > 0, rows["largest_layer"], -1.0), jnp.maximum), 0.0))
+                    jnp.where(counts > 0, rows["largest_layer"], -1.0), jnp.maximum), 0.0),
+                bf16=native.fence((bf16(roof), bf16(launches))))
 
 
 def rows_layer_stability(scenario: Scenario, precision, plan_valid):
@@ -411,11 +425,21 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         args, size = plan, cpu_chunk(m * l)
     else:
         rows = _class_rows(scenario)
+        size = class_chunk(scenario)
+        # One-byte plans of a chunked batch are counted where they lie in the batch by the
+        # native kernel (XLA copied each chunk's rows for it, ~0.15 µs per plan); others
+        # (int32 plans: the copy converts them) are sliced into chunks first.
+        in_place = (plan.precision.dtype == jnp.uint8 and native.status().counts
+                    and _chunked(plan.precision.shape[0], size))
 
         def chunk(args):
-            fields, fields_valid, precision = args
-            counts, complete = format_counts(scenario.row_classes, precision,
-                                             with_complete=True)  # [M, C, F, b], [M, b]
+            fields, fields_valid, rows_or_index = args
+            if in_place:  # the plans' indices in the batch
+                start, precision, opts = rows_or_index[0], plan.precision, dict(size=size)
+            else:
+                start, precision, opts = None, rows_or_index, {}
+            counts, complete = format_counts(scenario.row_classes, precision, start=start,
+                                             with_complete=True, **opts)  # [M, C, F, b], [M, b]
             sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,
@@ -423,8 +447,9 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         # The integer fields sanitized once for the whole batch, before the chunks (inside
         # them, XLA copied the checks into every per-entry kernel: 264-277 -> 305-315 k
         # plans/s without layer_stability, alternating processes, 16,384 plans).
-        args = (*jax.vmap(functools.partial(sanitize_fields, scenario))(plan), plan.precision)
-        size = class_chunk(scenario)
+        args = (*jax.vmap(functools.partial(sanitize_fields, scenario))(plan),
+                jnp.arange(plan.precision.shape[0], dtype=jnp.int32) if in_place
+                else plan.precision)
     out = map_chunks(chunk, args, size)
     if not layer_stability:
         return out
@@ -446,6 +471,11 @@ def map_plans(fn, plan: Plan):
     return map_chunks(jax.vmap(fn), plan, cpu_chunk(math.prod(np.shape(plan.precision)[1:])))
 
 
+def _chunked(b: int, chunk_size: int) -> bool:
+    """Whether :func:`map_chunks` splits a batch of ``b`` plans into chunks."""
+    return jax.default_backend() == "cpu" and b > min(chunk_size, CPU_CHUNK)
+
+
 def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
     """``fn(plans [b, ...])`` over plans ``[B, ...]`` (a ``Plan``, or any pytree of arrays
     with that leading axis): on CPU, batches larger than ``chunk_size`` run as a ``lax.map``
@@ -453,7 +483,7 @@ def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
     elsewhere in one call."""
     b = jax.tree.leaves(plan)[0].shape[0]
     size = min(chunk_size, CPU_CHUNK)
-    if jax.default_backend() != "cpu" or b <= size:
+    if not _chunked(b, chunk_size):
         return fn(plan)
     n = -(-b // size)
     pad = n * size - b

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_SWITCH = "LIBRATIO_NATIVE"  # "0": the XLA forms everywhere
+_NO_FORMAT = 255  # an id no format has (rowclasses._NO_FORMAT)
 
 try:
     from libratio_jax.physics import _native as _extension
@@ -94,32 +95,55 @@ def _cpu_only(native_fn, xla_fn, *args):
     return jax.lax.platform_dependent(*args, cpu=native_fn, default=xla_fn)
 
 
-def format_counts(grid, ids, xla_fn):
+def format_counts(grid, ids, xla_fn, start=None, size: int | None = None):
     """``(counts float32[M, C, F, b], complete bool[M, b])`` of one-byte format ids ``ids
     uint8[b, M, L]`` (an id not in ``[0, F)`` holds no format) in the class grid ``grid
     int32[M, C, S]`` (rowclasses.class_grid): the native kernel on the CPU when
-    :func:`status` allows it, else ``xla_fn(grid, ids)``, which must return the same."""
+    :func:`status` allows it, else ``xla_fn(grid, ids)``, which must return the same.
+
+    ``start`` (an int32 scalar, traced or not) and ``size``: the ``size`` plans of ``ids``
+    from ``start`` on (``start`` clamped to ``[0, b]``; the plans past the batch's end
+    counted as plans without rows: counts 0, not complete), read where they lie: a chunk of
+    a batch without a copy of its rows."""
+    grid = jnp.asarray(grid, jnp.int32)
+    if start is not None:
+        start = jnp.clip(jnp.asarray(start, jnp.int32), 0, ids.shape[0])
+        padded = functools.partial(_chunk_of, start=start, size=size)
+        if not status().counts:
+            return xla_fn(grid, padded(ids))
+        return _cpu_only(lambda g, i, s: _float_counts(_native_counts(g, i, s, size)),
+                         lambda g, i, s: xla_fn(g, padded(i)), grid, ids, start)
     if not status().counts:
         return xla_fn(grid, ids)
-    def native_fn(g, i):
-        counts, complete = _native_counts(g, i)
-        return counts.astype(jnp.float32), complete
-
-    return _cpu_only(native_fn, xla_fn, jnp.asarray(grid, jnp.int32), ids)
+    return _cpu_only(lambda g, i: _float_counts(_native_counts(g, i)), xla_fn, grid, ids)
 
 
-def _native_counts(grid, ids):
-    """The kernel's ``(counts, complete)``; the counts as uint8 when no class has more than
-    255 slots (a quarter of the bytes for the kernel to write: 16,384 plans, in one process,
-    436-466 -> 522-605 k plans/s; XLA converts them where it reads them), else float32."""
+def _chunk_of(ids, start, size):
+    """``ids[start:start + size]``, the plans past the end as plans of no format."""
+    pad = jnp.full((size,) + ids.shape[1:], _NO_FORMAT, ids.dtype)
+    return jax.lax.dynamic_slice_in_dim(jnp.concatenate([ids, pad]), start, size)
+
+
+def _float_counts(out):
+    counts, complete = out
+    return counts.astype(jnp.float32), complete
+
+
+def _native_counts(grid, ids, start=None, size: int | None = None):
+    """The kernel's ``(counts, complete)`` of plans ``start .. start + size - 1`` (default:
+    all); the counts as uint8 when no class has more than 255 slots (a quarter of the bytes
+    for the kernel to write: 16,384 plans, in one process, 436-466 -> 522-605 k plans/s; XLA
+    converts them where it reads them), else float32."""
     from libratio_jax.physics import formats as F
 
     b, m, _ = ids.shape
+    size = b if size is None else size
+    start = jnp.zeros((), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
     dtype = jnp.uint8 if grid.shape[2] <= 255 else jnp.float32
     return tuple(jax.ffi.ffi_call(
-        "lj_format_counts", (_result(ids, (m, grid.shape[1], F.NUM_FORMATS, b), dtype),
-                             _result(ids, (m, b), jnp.bool_)),
-        vmap_method="sequential")(ids, grid))
+        "lj_format_counts", (_result(ids, (m, grid.shape[1], F.NUM_FORMATS, size), dtype),
+                             _result(ids, (m, size), jnp.bool_)),
+        vmap_method="sequential")(ids, grid, start))
 
 
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
@@ -168,7 +192,8 @@ def _fenced(tree):
 
 def _self_check(counts: bool) -> None:
     """Raise unless the native kernels give what NumPy gives on a small batch of hostile ids
-    (out of the domain, padding slots, a partial tile of plans); ~0.1 s, once per process."""
+    (out of the domain, padding slots, a partial tile of plans, a chunk past the batch's
+    end); ~0.1 s, once per process."""
     from libratio_jax.physics import formats as F
 
     rng = np.random.default_rng(0)
@@ -189,6 +214,13 @@ def _self_check(counts: bool) -> None:
         if not (np.array_equal(np.asarray(n, np.float32), want)
                 and np.array_equal(np.asarray(ok), want_ok)):
             raise RuntimeError("lj_format_counts differs from a NumPy count")
+        # A chunk read where it lies, past the batch's end: plans 40..69, then 34 empty slots
+        n, ok = jax.jit(functools.partial(_native_counts, size=64))(grid, ids, np.int32(40))
+        want = np.concatenate([want[..., 40:], np.zeros(want.shape[:3] + (34,))], axis=-1)
+        want_ok = np.concatenate([want_ok[:, 40:], np.zeros((m, 34), bool)], axis=-1)
+        if not (np.array_equal(np.asarray(n, np.float32), want)
+                and np.array_equal(np.asarray(ok), want_ok)):
+            raise RuntimeError("lj_format_counts differs from a NumPy count of a chunk")
     table = rng.random((F.NUM_FORMATS, m, l)).astype(np.float32)
     keep = rng.random((b, m)) < 0.8
     fallback = 2

@@ -112,7 +112,8 @@ def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: 
     return grid
 
 
-def format_counts(grid, precision, *, with_complete: bool = False):
+def format_counts(grid, precision, *, with_complete: bool = False, start=None,
+                  size: int | None = None):
     """``float32[M, classes, F, B]`` rows of each class holding each format, for plans
     ``precision [B, M, L]`` (any numeric dtype), the batch axis last: the counts' only
     consumers are contractions over ``(classes, F)`` and elementwise terms that broadcast
@@ -122,8 +123,11 @@ def format_counts(grid, precision, *, with_complete: bool = False):
     non-integral values, are not counted (compare the total with the class sizes to flag
     them). ``with_complete``: also return ``bool[M, B]``, whether every row of the tenant
     was counted. On the CPU the native kernel counts (``physics.native``), elsewhere
-    :func:`count_ids`."""
-    counts, complete = native.format_counts(grid, format_ids(precision), count_ids)
+    :func:`count_ids`. ``start`` (int32, may be traced) and ``size``: only the ``size``
+    plans from ``start`` on (``[M, classes, F, size]``; plans past the batch's end count as
+    plans without rows, not complete), read in place by the native kernel."""
+    counts, complete = native.format_counts(grid, format_ids(precision), count_ids, start,
+                                            size)
     return (counts, complete) if with_complete else counts
 
 
