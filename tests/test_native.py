@@ -33,9 +33,10 @@ def test_the_extension_is_built_where_a_compiler_is():
     if not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler here: the package runs the XLA forms")
     assert native._extension is not None, NATIVE.reason
-    assert NATIVE.fence and NATIVE.rows, NATIVE.reason
+    assert NATIVE.fence and NATIVE.rows and NATIVE.sums, NATIVE.reason
     assert NATIVE.counts == native._extension.cpu()["avx512_vbmi"]
-    assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence)
+    assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence
+                                     and NATIVE.sums)
     if platform.machine() not in ("x86_64", "AMD64"):
         assert not NATIVE.counts
 
@@ -155,6 +156,28 @@ def test_native_counts_under_vmap_and_retracing():
 
 
 @needs_native
+@pytest.mark.parametrize("b,k", [(1, 1), (31, 13), (33, 14), (70, 27), (600, 9)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
+    """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
+    floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
+    pass (13), empty entries: as a NumPy product in float64 and as XLA's, up to float
+    rounding."""
+    rng = np.random.default_rng(b * 100 + k)
+    m, e = 3, 50
+    counts = rng.integers(0, 256 if dtype == np.uint8 else 1000, (m, e, b)).astype(dtype)
+    counts[:, 7] = 0
+    table = rng.normal(size=(m, k, e)).astype(np.float32)
+    xla = jax.jit(lambda c, t: jnp.einsum("mke,meb->mkb", t, c.astype(jnp.float32)))
+    got = jax.jit(lambda c, t: native.weighted_sums(c, t, xla))(counts, table)
+    want = np.einsum("mke,meb->mkb", table.astype(np.float64), counts.astype(np.float64))
+    scale = np.abs(table).astype(np.float64) @ np.abs(counts).astype(np.float64)
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    assert np.all(np.abs(np.asarray(got) - want) <= 1e-5 * scale + 1e-6)
+    assert np.all(np.abs(np.asarray(xla(counts, table)) - want) <= 1e-5 * scale + 1e-6)
+
+
+@needs_native
 @pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
 def test_native_rows_equal_the_xla_rows(b):
     """Each row's score picked from a ``[F, M, L]`` table at its id (format 0 for ids out of
@@ -196,7 +219,8 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
         native.status.cache_clear()
         monkeypatch.setenv(native.ENV_SWITCH, "0")
         off = native.status()
-        assert not (off.counts or off.rows or off.fence) and native.ENV_SWITCH in off.reason
+        assert not (off.counts or off.rows or off.fence or off.sums)
+        assert native.ENV_SWITCH in off.reason
         monkeypatch.delenv(native.ENV_SWITCH)
         native.status.cache_clear()
         monkeypatch.setattr(native, "_extension", None)
@@ -242,8 +266,8 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
         assert jax.default_backend() != "cpu" or "while" in run.lower(sc, plans).as_text()
         wide = run(sc, plans.replace(precision=prec.astype(np.int32)))
         chex.assert_trees_all_close(wide, with_native, rtol=1e-6)
-    monkeypatch.setattr(native, "status", lambda: native.NativeStatus(False, False, False,
-                                                                      "off in this test"))
+    monkeypatch.setattr(native, "status", lambda: native.NativeStatus(
+        False, False, False, False, "off in this test"))
     jax.clear_caches()  # else the traced program of the same function is reused
     run = jax.jit(kernel.evaluate_batch)
     without = run(sc, plans)

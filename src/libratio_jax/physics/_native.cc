@@ -1,10 +1,12 @@
 // libratio_jax.physics._native: XLA FFI kernels for the CPU (physics/native.py loads them).
 //
-// Three handlers, none of which holds physics (the formulas stay in the JAX modules):
+// Four handlers, none of which holds physics (the formulas stay in the JAX modules):
 //   lj_format_counts   a batch of plans' row formats counted per (tenant, row class, format),
 //                      the counts batch-last: what rowclasses.format_counts computes in XLA;
 //   lj_rows_stability  each row's entry of a [F, M, L] table at the row's format: what
 //                      stability.rows_stability computes in XLA;
+//   lj_weighted_sums   per-tenant weighted sums of the counts with a table of per-entry terms
+//                      (a batched matrix product reading one-byte counts as they are);
 //   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
@@ -420,6 +422,118 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 }
 
 // ---------------------------------------------------------------------------------------
+// Weighted sums. counts u8 or f32 [M, E, b] (E entries per tenant, plans last: the counts'
+// layout); table f32 [M, K, E]; out f32 [M, K, b]:
+// out[m, k, p] = sum_e table[m, k, e] * counts[m, e, p], summed in the order of e. The
+// counts are read as they are (one byte each: no float copy of them for a matrix product).
+
+constexpr int kSumRows = 13;   // terms per pass (2 x 13 accumulators of 16 plans)
+constexpr int kSumPlans = 32;  // plans per task: two vectors of 16
+
+template <typename T>
+void SumsScalar(const T* counts, const float* table, int64_t E, int64_t K, int64_t b,
+                int64_t p0, int64_t p1, float* out) {
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t p = p0; p < p1; ++p) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < E; ++e) acc += table[k * E + e] * float(counts[e * b + p]);
+      out[k * b + p] = acc;
+    }
+}
+
+#if LJ_X86
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
+    const uint8_t* x, __mmask16 mask) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, x)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
+    const float* x, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, x);
+}
+
+// Plans p0 .. p0 + plans - 1 (at most 32) of one tenant, kSumRows terms per pass; `packed`
+// the tenant's table as [passes][E][kSumRows], zero past the last term.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
+    const T* counts, const float* packed, int64_t E, int64_t K, int64_t b, int64_t p0,
+    int plans, float* out) {
+  const __mmask16 lo = plans >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << plans) - 1);
+  const int hi_n = std::max(0, plans - 16);
+  const __mmask16 hi = hi_n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << hi_n) - 1);
+  for (int64_t k0 = 0; k0 < K; k0 += kSumRows, packed += E * kSumRows) {
+    __m512 acc[kSumRows][2];
+    for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < E; ++e) {
+      const __m512 x0 = LoadCounts(counts + e * b + p0, lo);
+      const __m512 x1 = LoadCounts(counts + e * b + p0 + 16, hi);
+      const float* w = packed + e * kSumRows;
+      for (int j = 0; j < kSumRows; ++j) {
+        const __m512 t = _mm512_set1_ps(w[j]);
+        acc[j][0] = _mm512_fmadd_ps(t, x0, acc[j][0]);
+        acc[j][1] = _mm512_fmadd_ps(t, x1, acc[j][1]);
+      }
+    }
+    const int64_t n = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
+    for (int j = 0; j < kSumRows; ++j) {
+      if (j >= n) break;
+      _mm512_mask_storeu_ps(out + (k0 + j) * b + p0, lo, acc[j][0]);
+      _mm512_mask_storeu_ps(out + (k0 + j) * b + p0 + 16, hi, acc[j][1]);
+    }
+  }
+}
+#endif
+
+template <typename T>
+void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, int64_t M, int64_t E,
+             int64_t K, int64_t b, float* out) {
+  const int64_t tiles = (b + kSumPlans - 1) / kSumPlans;
+  const bool vec = HasAvx512();
+  const int64_t passes = (K + kSumRows - 1) / kSumRows;
+  std::vector<float> packed;  // [M][passes][E][kSumRows]: each pass's terms side by side
+  if (vec) {
+    packed.assign(size_t(M) * passes * E * kSumRows, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t e = 0; e < E; ++e)
+          packed[((m * passes + k / kSumRows) * E + e) * kSumRows + k % kSumRows] =
+              table[(m * K + k) * E + e];
+  }
+  ParallelChunks(M * tiles > 1 ? &pool : nullptr, M * tiles, [&](int64_t task) {
+    const int64_t m = task / tiles, p0 = (task % tiles) * kSumPlans;
+    const int plans = int(std::min<int64_t>(kSumPlans, b - p0));
+#if LJ_X86
+    if (vec) {
+      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows, E, K, b, p0,
+                 plans, out + m * K * b);
+      return;
+    }
+#endif
+    SumsScalar(counts + m * E * b, table + m * K * E, E, K, b, p0, p0 + plans, out + m * K * b);
+  });
+}
+
+ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer<ffi::F32> table,
+                        ffi::ResultBuffer<ffi::F32> out) {
+  const auto cd = counts.dimensions();
+  const auto td = table.dimensions();
+  const auto od = out->dimensions();
+  if (cd.size() != 3 || td.size() != 3 || od.size() != 3 || td[0] != cd[0] ||
+      td[2] != cd[1] || od[0] != cd[0] || od[1] != td[1] || od[2] != cd[2])
+    return ffi::Error::InvalidArgument("lj_weighted_sums: shapes do not match");
+  const int64_t M = cd[0], E = cd[1], b = cd[2], K = td[1];
+  if (counts.element_type() == ffi::DataType::U8)
+    SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), table.typed_data(), M, E,
+            K, b, out->typed_data());
+  else if (counts.element_type() == ffi::DataType::F32)
+    SumsAll(pool, static_cast<const float*>(counts.untyped_data()), table.typed_data(), M, E,
+            K, b, out->typed_data());
+  else
+    return ffi::Error::InvalidArgument("lj_weighted_sums: counts are uint8 or float32");
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------------------
 // Fence: the output aliases the input (native.py asks XLA for it), so nothing moves unless
 // XLA had to give the output its own buffer.
 ffi::Error Fence(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -448,6 +562,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjRowsStability, RowsStability,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("fallback"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjWeightedSums, WeightedSums,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
@@ -462,6 +583,7 @@ static PyObject* Handlers(PyObject*, PyObject*) {
     void* fn;
   } targets[] = {{"lj_format_counts", reinterpret_cast<void*>(LjFormatCounts)},
                  {"lj_rows_stability", reinterpret_cast<void*>(LjRowsStability)},
+                 {"lj_weighted_sums", reinterpret_cast<void*>(LjWeightedSums)},
                  {"lj_fence", reinterpret_cast<void*>(LjFence)}};
   for (const auto& t : targets) {
     PyObject* capsule = PyCapsule_New(t.fn, nullptr, nullptr);

@@ -29,7 +29,7 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import native, safety, stability
 from libratio_jax.physics.architecture import ROW_FIELDS
-from libratio_jax.physics.memory import layer_gather_bytes, tenant_memory
+from libratio_jax.physics.memory import layer_gather_bytes, memory_row_terms, tenant_memory
 from libratio_jax.physics.packing import leaf_reader, pack, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
@@ -53,11 +53,12 @@ from libratio_jax.physics.rowclasses import (
     row_pairs,
 )
 from libratio_jax.physics.scenario import Scenario
-from libratio_jax.physics.stability import tenant_stability
+from libratio_jax.physics.stability import stability_row_terms, tenant_stability
 from libratio_jax.physics.throughput import (
     roofline_factors,
     roofline_rows,
     row_roofline,
+    step_row_terms,
     tenant_step_time,
 )
 
@@ -138,19 +139,20 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, ro
     ``model`` counted ``row_weight`` times (None: once); ``sums`` the plan-dependent row
     sums if the caller has them (:func:`_class_row_sums`), else None."""
     tp_, pp_, dp, mb = _layout(gpus, tp, pp, micro_batch)
+    given = {} if sums is None else sums  # the row sums the caller has (class path)
     mem = tenant_memory(model, workload, precision, kv_precision, tp_, pp_, dp, zero_stage,
                         recompute, mb, row_weight=row_weight,
-                        largest_layer_bytes=None if sums is None else sums["largest_layer"])
+                        largest_layer_bytes=given.get("largest_layer"),
+                        row_totals=given.get("memory"))
     st = tenant_step_time(model, workload, pool, precision, kv_precision, tp_, pp_, dp,
                           zero_stage, recompute, mb, row_weight=row_weight,
-                          roofline_sums=None if sums is None else (sums["roof"],
-                                                                   sums["launches"]))
+                          roofline_sums=given.get("roofline"), row_totals=given.get("step"))
     # The all-BF16 baseline on the merged-block model (identical physics, ~14 rows; its
     # roofline sums from the caller's per-entry terms if it has them).
     bf16 = jnp.full_like(coarse.kind, F.BF16)
     st_bf16 = tenant_step_time(coarse, workload, pool, bf16, jnp.int32(F.BF16), tp_, pp_, dp,
                                zero_stage, recompute, mb,
-                               roofline_sums=None if sums is None else sums["bf16"])
+                               roofline_sums=given.get("bf16"))
     power = safety.gpu_power_watts(st.busy_fraction, pool["idle_watts"], pool["tdp_watts"])
     temp = safety.steady_temperature_celsius(power, inlet,
                                              pool["thermal_resistance_celsius_per_watt"])
@@ -159,7 +161,7 @@ def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, ro
     step = st.step_seconds + st.kernel_seconds * (1.0 / clock - 1.0)
     tokens = st.tokens_per_second * st.step_seconds / step
     rows, score, diverges = tenant_stability(model, workload.mode, precision, kv_precision,
-                                             row_weight)
+                                             row_weight, row_totals=given.get("stability"))
     frac = safety.memory_fraction(mem.total, pool["hbm_bytes"])
     active = present & (gpus > 0)
     z = jnp.float32(0.0)
@@ -291,7 +293,20 @@ def _class_rows(scenario: Scenario) -> dict:
     out = {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
     coarse = scenario.coarse_models
     out["class_rows"] = jnp.where(coarse.valid, coarse.count, 0.0)[:, :, None, None]
+    out["terms"] = {name: jax.vmap(lambda model, workload, fn=fn: jnp.stack(
+        [jnp.broadcast_to(x, model.valid.shape) for x in fn(model, workload)]))(
+            models, scenario.workloads) for name, fn in _ROW_TERMS.items()}  # [M, K, C, F]
     return out
+
+
+# Each module's plan-independent row terms on a class model (rowclasses.class_model), in the
+# order of its ``row_totals``: the class path sums them all in one contraction.
+_ROW_TERMS = {
+    "memory": lambda model, workload: memory_row_terms(model, workload, F.FORMAT_AXIS),
+    "step": lambda model, workload: step_row_terms(model, F.FORMAT_AXIS),
+    "stability": lambda model, workload: stability_row_terms(model, workload.mode,
+                                                             F.FORMAT_AXIS),
+}
 
 
 def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
@@ -336,10 +351,20 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     def bf16(x):
         return class_total(rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1,
                                                                      axis=2))
-    return dict(roof=class_total(counts * roof), launches=class_total(counts * launches),
+    # The plan-independent terms of every module's sums, one contraction with the counts.
+    terms = rows["terms"]  # {module: [M, K, C, F]}
+    m, c, f, b = counts.shape
+    totals = native.weighted_sums(
+        counts.reshape(m, c * f, b),
+        jnp.concatenate(list(terms.values()), axis=1).reshape(m, -1, c * f),
+        lambda x, t: jnp.einsum("mke,meb->mkb", t, x.astype(jnp.float32)))  # [M, K, b]
+    split = np.cumsum([0] + [t.shape[1] for t in terms.values()])
+    return dict(roofline=(class_total(counts * roof), class_total(counts * launches)),
                 largest_layer=jnp.maximum(class_total(
                     jnp.where(counts > 0, rows["largest_layer"], -1.0), jnp.maximum), 0.0),
-                bf16=native.fence((bf16(roof), bf16(launches))))
+                bf16=native.fence((bf16(roof), bf16(launches))),
+                **{name: tuple(totals[:, k] for k in range(a, b))
+                   for name, a, b in zip(terms, split[:-1], split[1:], strict=True)})
 
 
 def rows_layer_stability(scenario: Scenario, precision, plan_valid):
@@ -438,8 +463,10 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                 start, precision, opts = rows_or_index[0], plan.precision, dict(size=size)
             else:
                 start, precision, opts = None, rows_or_index, {}
+            # [M, C, F, b] (uint8 where it fits: read as they are, converted where summed),
+            # [M, b]
             counts, complete = format_counts(scenario.row_classes, precision, start=start,
-                                             with_complete=True, **opts)  # [M, C, F, b], [M, b]
+                                             with_complete=True, compact=True, **opts)
             sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,

@@ -100,11 +100,41 @@ def layer_gather_bytes(model: A.ModelSpec, storage):
     return model.params / jnp.maximum(model.count, 1.0) * (storage + F.gradient_bytes(storage))
 
 
+def memory_row_terms(model: A.ModelSpec, workload, precision, *, act_precision=None,
+                     optimizer_bytes=None, gradient_bytes=None) -> list:
+    """The per-row terms :func:`tenant_memory` sums over the rows (shaped like
+    ``precision``): weight, gradient and optimizer bytes, the LM head's gradient bytes, the
+    activation bytes per token saved inside and outside the blocks, parameters. None depends
+    on the plan's scalars (knobs as :func:`tenant_memory`'s)."""
+    params = jnp.where(model.valid, model.params, 0.0)
+    # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
+    storage, act_bytes = F.select_columns(
+        precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
+    grad_bytes = F.gradient_bytes(storage)
+    if gradient_bytes is not None:
+        grad_bytes = jnp.full_like(storage, gradient_bytes)
+    opt_bytes = (optimizer_state_bytes(workload.optimizer, storage)
+                 if optimizer_bytes is None else optimizer_bytes)
+    gemm_act = act_bytes if act_precision is None else _table(F.ACTIVATION_BYTES)[act_precision]
+    # A norm keeps its FP32 upcast input (4 bytes) and its normalized output in the residual
+    # stream's dtype (the row's format): 4 + 2 = NORM_SAVED_BYTES_PER_ELEMENT at 16 bits.
+    is_norm = model.kind == A.NORM
+    act_scale = jnp.where(is_norm, (4.0 + act_bytes) / A.NORM_SAVED_BYTES_PER_ELEMENT,
+                          gemm_act / F.ACT16_BYTES)
+    head = model.valid & (model.kind == A.LM_HEAD)
+    in_block = model.block >= 0
+    row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
+    return [params * storage, params * grad_bytes, params * opt_bytes,
+            jnp.where(head, params * grad_bytes, 0.0), jnp.where(in_block, row_act, 0.0),
+            jnp.where(in_block, 0.0, row_act), params]
+
+
 def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp, dp,
                   zero_stage, recompute, micro_batch, *, act_precision=None,
                   optimizer_bytes=None, weight_cache_bytes=0.0, gradient_bytes=None,
                   offload_optimizer=False, offload_params=False,
-                  row_weight=None, largest_layer_bytes=None) -> MemoryBreakdown:
+                  row_weight=None, largest_layer_bytes=None,
+                  row_totals=None) -> MemoryBreakdown:
     """Per-GPU memory of one tenant. ``precision`` is ``[L]``; the rest are scalars.
 
     ``dp`` is the data-parallel degree ``gpus / (tp * pp)`` (>= 1). Framework knobs (used by
@@ -127,39 +157,24 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
     ``row_weight`` (shaped like the rows): how many times each row counts in the sums
     (``physics.rowclasses.row_sum``; the full-resolution class path's format counts),
     None for once. ``largest_layer_bytes``: the largest :func:`layer_gather_bytes` of the
-    rows present, if the caller has it (the class path takes it batch-last).
+    rows present, if the caller has it (the class path takes it batch-last). ``row_totals``:
+    the sums of :func:`memory_row_terms` (same knobs) weighted by ``row_weight``, if the
+    caller has them (the class path contracts every module's terms with the counts at once).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
     dp = jnp.maximum(dp, 1).astype(jnp.float32)
     is_train = workload.mode == TRAIN
-    params = jnp.where(model.valid, model.params, 0.0)
     model_shard = tp * pp
-
-    # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
-    storage, act_bytes = F.select_columns(
-        precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
-    grad_bytes = F.gradient_bytes(storage)
-    if gradient_bytes is not None:
-        grad_bytes = jnp.full_like(storage, gradient_bytes)
-    opt_bytes = (optimizer_state_bytes(workload.optimizer, storage)
-                 if optimizer_bytes is None else optimizer_bytes)
-    gemm_act = act_bytes if act_precision is None else _table(F.ACTIVATION_BYTES)[act_precision]
-    # A norm keeps its FP32 upcast input (4 bytes) and its normalized output in the residual
-    # stream's dtype (the row's format): 4 + 2 = NORM_SAVED_BYTES_PER_ELEMENT at 16 bits.
-    is_norm = model.kind == A.NORM
-    act_scale = jnp.where(is_norm, (4.0 + act_bytes) / A.NORM_SAVED_BYTES_PER_ELEMENT,
-                          gemm_act / F.ACT16_BYTES)
-    head = model.valid & (model.kind == A.LM_HEAD)
-    in_block = model.block >= 0
-    row_act = jnp.where(model.valid, model.act_bytes_per_token, 0.0) * act_scale
     weights_total, grads_total, opt_total, grads_head, rows_act, outside_act, params_total = (
-        row_sums([params * storage, params * grad_bytes, params * opt_bytes,
-                  jnp.where(head, params * grad_bytes, 0.0), jnp.where(in_block, row_act, 0.0),
-                  jnp.where(in_block, 0.0, row_act), params], row_weight))
+        row_sums(memory_row_terms(model, workload, precision, act_precision=act_precision,
+                                  optimizer_bytes=optimizer_bytes,
+                                  gradient_bytes=gradient_bytes), row_weight)
+        if row_totals is None else row_totals)
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
     if largest_layer_bytes is None:
+        storage, = F.select_columns(precision, _table(F.STORAGE_BYTES)[:, None])
         largest_layer_bytes = jnp.max(jnp.where(row_present(model.valid, row_weight),
                                                 layer_gather_bytes(model, storage), 0.0))
     gathered = jnp.where(zero_stage >= 3, largest_layer_bytes / tp, 0.0)

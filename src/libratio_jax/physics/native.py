@@ -51,7 +51,8 @@ class NativeStatus(NamedTuple):
     counts: bool  # lj_format_counts (needs AVX-512 VBMI)
     rows: bool  # lj_rows_stability
     fence: bool  # lj_fence
-    reason: str  # "" when all three are used, else why not (or not all)
+    sums: bool  # lj_weighted_sums
+    reason: str  # "" when all four are used, else why not (or not all)
 
 
 @functools.cache
@@ -60,15 +61,15 @@ def status() -> NativeStatus:
     this process: the native kernels after a one-time check that they load, run and agree
     with NumPy on a small hostile batch, else the XLA forms (``reason`` says why)."""
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
-        return NativeStatus(False, False, False, f"disabled by {ENV_SWITCH}=0")
+        return NativeStatus(False, False, False, False, f"disabled by {ENV_SWITCH}=0")
     if _extension is None:
-        return NativeStatus(False, False, False,
+        return NativeStatus(False, False, False, False,
                             "the extension libratio_jax.physics._native is not built")
     from libratio_jax.physics import formats as F
 
     cpu = _extension.cpu()
     if cpu["formats"] != F.NUM_FORMATS:
-        return NativeStatus(False, False, False,
+        return NativeStatus(False, False, False, False,
                             f"the extension counts {cpu['formats']} formats, not "
                             f"{F.NUM_FORMATS}: rebuild it")
     try:
@@ -77,9 +78,10 @@ def status() -> NativeStatus:
         with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
             _self_check(bool(cpu["avx512_vbmi"]))
     except Exception as e:  # any failure: the XLA forms, and the reason kept
-        return NativeStatus(False, False, False, f"self-check failed: {type(e).__name__}: {e}")
+        return NativeStatus(False, False, False, False,
+                            f"self-check failed: {type(e).__name__}: {e}")
     counts = bool(cpu["avx512_vbmi"])
-    return NativeStatus(counts, True, True,
+    return NativeStatus(counts, True, True, True,
                         "" if counts else "this CPU has no AVX-512 VBMI: counts in XLA")
 
 
@@ -95,7 +97,8 @@ def _cpu_only(native_fn, xla_fn, *args):
     return jax.lax.platform_dependent(*args, cpu=native_fn, default=xla_fn)
 
 
-def format_counts(grid, ids, xla_fn, start=None, size: int | None = None):
+def format_counts(grid, ids, xla_fn, start=None, size: int | None = None, *,
+                  compact: bool = False):
     """``(counts float32[M, C, F, b], complete bool[M, b])`` of one-byte format ids ``ids
     uint8[b, M, L]`` (an id not in ``[0, F)`` holds no format) in the class grid ``grid
     int32[M, C, S]`` (rowclasses.class_grid): the native kernel on the CPU when
@@ -104,18 +107,33 @@ def format_counts(grid, ids, xla_fn, start=None, size: int | None = None):
     ``start`` (an int32 scalar, traced or not) and ``size``: the ``size`` plans of ``ids``
     from ``start`` on (``start`` clamped to ``[0, b]``; the plans past the batch's end
     counted as plans without rows: counts 0, not complete), read where they lie: a chunk of
-    a batch without a copy of its rows."""
+    a batch without a copy of its rows. ``compact``: the counts as :func:`counts_dtype`
+    (uint8 where no class has more than 255 rows: what the kernel writes, converted by
+    their consumers)."""
     grid = jnp.asarray(grid, jnp.int32)
+    dtype = counts_dtype(grid) if compact else jnp.float32
+
+    def cast(out):
+        return out[0].astype(dtype), out[1]
+
     if start is not None:
         start = jnp.clip(jnp.asarray(start, jnp.int32), 0, ids.shape[0])
         padded = functools.partial(_chunk_of, start=start, size=size)
         if not status().counts:
-            return xla_fn(grid, padded(ids))
-        return _cpu_only(lambda g, i, s: _float_counts(_native_counts(g, i, s, size)),
-                         lambda g, i, s: xla_fn(g, padded(i)), grid, ids, start)
+            return cast(xla_fn(grid, padded(ids)))
+        return _cpu_only(lambda g, i, s: cast(_native_counts(g, i, s, size)),
+                         lambda g, i, s: cast(xla_fn(g, padded(i))), grid, ids, start)
     if not status().counts:
-        return xla_fn(grid, ids)
-    return _cpu_only(lambda g, i: _float_counts(_native_counts(g, i)), xla_fn, grid, ids)
+        return cast(xla_fn(grid, ids))
+    return _cpu_only(lambda g, i: cast(_native_counts(g, i)),
+                     lambda g, i: cast(xla_fn(g, i)), grid, ids)
+
+
+def counts_dtype(grid):
+    """The dtype of the native kernel's counts for ``grid [M, C, S]``: uint8 when no class has
+    more than 255 slots (a quarter of the bytes for the kernel to write: 16,384 plans, in one
+    process, 436-466 -> 522-605 k plans/s), else float32."""
+    return jnp.uint8 if np.shape(grid)[2] <= 255 else jnp.float32
 
 
 def _chunk_of(ids, start, size):
@@ -124,26 +142,37 @@ def _chunk_of(ids, start, size):
     return jax.lax.dynamic_slice_in_dim(jnp.concatenate([ids, pad]), start, size)
 
 
-def _float_counts(out):
-    counts, complete = out
-    return counts.astype(jnp.float32), complete
-
-
 def _native_counts(grid, ids, start=None, size: int | None = None):
     """The kernel's ``(counts, complete)`` of plans ``start .. start + size - 1`` (default:
-    all); the counts as uint8 when no class has more than 255 slots (a quarter of the bytes
-    for the kernel to write: 16,384 plans, in one process, 436-466 -> 522-605 k plans/s; XLA
-    converts them where it reads them), else float32."""
+    all), the counts as :func:`counts_dtype`."""
     from libratio_jax.physics import formats as F
 
     b, m, _ = ids.shape
     size = b if size is None else size
     start = jnp.zeros((), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
-    dtype = jnp.uint8 if grid.shape[2] <= 255 else jnp.float32
     return tuple(jax.ffi.ffi_call(
-        "lj_format_counts", (_result(ids, (m, grid.shape[1], F.NUM_FORMATS, size), dtype),
+        "lj_format_counts", (_result(ids, (m, grid.shape[1], F.NUM_FORMATS, size),
+                                     counts_dtype(grid)),
                              _result(ids, (m, size), jnp.bool_)),
         vmap_method="sequential")(ids, grid, start))
+
+
+def weighted_sums(counts, table, xla_fn):
+    """``float32[M, K, b]``: ``sum_e table[m, k, e] * counts[m, e, p]`` for counts ``[M, E, b]``
+    (uint8 or float32, the plans last: :func:`format_counts`' layout) and per-entry terms
+    ``table float32[M, K, E]``: the native kernel on the CPU when :func:`status` allows it
+    (it reads one-byte counts as they are; a matrix product in XLA needs a float copy of
+    them), else ``xla_fn(counts, table)``, which must return the same up to float rounding."""
+    if not status().sums:
+        return xla_fn(counts, table)
+    return _cpu_only(_native_sums, xla_fn, counts, jnp.asarray(table, jnp.float32))
+
+
+def _native_sums(counts, table):
+    m, _, b = counts.shape
+    return jax.ffi.ffi_call("lj_weighted_sums", _result(counts, (m, table.shape[1], b),
+                                                        jnp.float32),
+                            vmap_method="sequential")(counts, table)
 
 
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
@@ -228,6 +257,13 @@ def _self_check(counts: bool) -> None:
     picked = table[np.where(ids < F.NUM_FORMATS, ids, 0), np.arange(m)[:, None], np.arange(l)]
     if not np.array_equal(np.asarray(out), np.where(keep[..., None], picked, table[fallback])):
         raise RuntimeError("lj_rows_stability differs from NumPy indexing")
+    terms = rng.normal(size=(m, 9, l)).astype(np.float32)  # 9 terms: two passes of the kernel
+    for dtype in (np.uint8, np.float32):
+        weights = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
+        got = np.asarray(jax.jit(_native_sums)(weights, terms))
+        want = np.einsum("mke,meb->mkb", terms.astype(np.float64), weights.astype(np.float64))
+        if not np.allclose(got, want, rtol=1e-5, atol=1e-3):
+            raise RuntimeError("lj_weighted_sums differs from a NumPy product")
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")

@@ -113,7 +113,7 @@ def class_grid(per_model: list[list[list[int]]], num_tenants: int, num_classes: 
 
 
 def format_counts(grid, precision, *, with_complete: bool = False, start=None,
-                  size: int | None = None):
+                  size: int | None = None, compact: bool = False):
     """``float32[M, classes, F, B]`` rows of each class holding each format, for plans
     ``precision [B, M, L]`` (any numeric dtype), the batch axis last: the counts' only
     consumers are contractions over ``(classes, F)`` and elementwise terms that broadcast
@@ -125,9 +125,11 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
     was counted. On the CPU the native kernel counts (``physics.native``), elsewhere
     :func:`count_ids`. ``start`` (int32, may be traced) and ``size``: only the ``size``
     plans from ``start`` on (``[M, classes, F, size]``; plans past the batch's end count as
-    plans without rows, not complete), read in place by the native kernel."""
+    plans without rows, not complete), read in place by the native kernel. ``compact``: the
+    counts as ``native.counts_dtype`` (uint8 where no class has more than 255 rows), for
+    consumers that convert them where they read them."""
     counts, complete = native.format_counts(grid, format_ids(precision), count_ids, start,
-                                            size)
+                                            size, compact=compact)
     return (counts, complete) if with_complete else counts
 
 

@@ -122,25 +122,38 @@ def rows_stability(table, precision, keep):
     return jnp.where(keep[..., None], score, table[F.BF16])
 
 
-def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weight=None):
+_BELOW = np.float32(np.log(DIVERGENCE_THRESHOLD))  # log of the divergence threshold
+
+
+def stability_row_terms(model: A.ModelSpec, mode, precision) -> list:
+    """The plan-independent per-row terms :func:`tenant_stability` sums over the rows (shaped
+    like ``precision``): log-stability times the row's weight, the weight, and whether the
+    row scores below the divergence threshold."""
+    logs = layer_log_stability(model, mode, precision)
+    weight = jnp.where(model.valid, model.count, 0.0)
+    return [logs * weight, weight, jnp.where(model.valid & (logs < _BELOW), 1.0, 0.0)]
+
+
+def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weight=None,
+                     row_totals=None):
     """``(layer_scores[L], score, diverges)`` for one tenant.
 
     The score is the geometric mean over valid rows weighted by ``count`` (the sub-layers
     a merged row stands for, times ``row_weight`` if given: ``physics.rowclasses.row_sum``),
-    with the KV cache as one more row when serving.
+    with the KV cache as one more row when serving. ``row_totals``: the sums of
+    :func:`stability_row_terms` weighted by ``row_weight``, if the caller has them.
     """
     logs = layer_log_stability(model, mode, precision)
     serving = mode != TRAIN
     kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
                        0.0)
-    weight = jnp.where(model.valid, model.count, 0.0)
     # Diverges when a row in the plan scores below the threshold: counted rather than a
     # minimum over the rows present, so that with format counts (``row_weight``) it is one
     # more contraction of the counts with a plan-independent term, not a per-plan extremum.
-    below = np.float32(np.log(DIVERGENCE_THRESHOLD))
-    log_sum, count, rows_below = row_sums(
-        [logs * weight, weight, jnp.where(model.valid & (logs < below), 1.0, 0.0)], row_weight)
+    log_sum, count, rows_below = (
+        row_sums(stability_row_terms(model, mode, precision), row_weight)
+        if row_totals is None else row_totals)
     log_sum = log_sum + kv_log
     count = count + serving
     score = jnp.exp(log_sum / jnp.maximum(count, 1.0))
-    return jnp.exp(logs), score, (rows_below > 0.0) | (kv_log < below)
+    return jnp.exp(logs), score, (rows_below > 0.0) | (kv_log < _BELOW)

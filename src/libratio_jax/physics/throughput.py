@@ -197,10 +197,22 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
             jnp.where(rows["valid"], launch_count * fixed, 0.0))
 
 
+def step_row_terms(model: A.ModelSpec, precision, *, autocast: bool = False) -> list:
+    """The plan-independent per-row terms :func:`tenant_step_time` sums over the rows
+    (shaped like ``precision``): gradient bytes, activation bytes per token saved inside the
+    blocks, weight bytes, and with ``autocast`` the parameters."""
+    valid = model.valid
+    storage, = F.select_columns(precision, format_traffic_columns()[:, 2:])
+    params = jnp.where(valid, model.params, 0.0)
+    return [params * F.gradient_bytes(storage),
+            jnp.where(valid & (model.block >= 0), model.act_bytes_per_token, 0.0),
+            params * storage] + ([params] if autocast else [])
+
+
 def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision, tp, pp, dp,
                      zero_stage, recompute, micro_batch, clock=1.0, *,
                      weight_storage_bytes=None, forward_only: bool = False,
-                     row_weight=None, roofline_sums=None) -> StepTime:
+                     row_weight=None, roofline_sums=None, row_totals=None) -> StepTime:
     """Step time of one tenant on one pool of GPUs.
 
     ``pool`` is a dict of the pool's scalars: ``peak_flops[C]``, ``hbm_bytes_per_second``,
@@ -214,6 +226,8 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     row counts in the sums (``physics.rowclasses.row_sum``), None for once. ``roofline_sums``:
     ``(roofline, launch)`` seconds summed over the rows (:func:`row_roofline`, weighted),
     if the caller has them (the full-resolution class path sums them batch-last).
+    ``row_totals``: the sums of :func:`step_row_terms` weighted by ``row_weight``, if the
+    caller has them (the class path contracts every module's terms with the counts at once).
     """
     tp = jnp.maximum(tp, 1).astype(jnp.float32)
     pp = jnp.maximum(pp, 1).astype(jnp.float32)
@@ -230,26 +244,22 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     r = roofline_factors(workload, pool, dp, recompute, micro_batch, clock,
                          forward_only=forward_only, experts_per_token=model.experts_per_token,
                          n_experts=model.n_experts)
-    valid = model.valid
     bf16_seconds_per_flop = r.seconds_per_flop[F.BF16]
     n_blocks = model.n_blocks
     q_dim = model.n_heads * model.head_dim
 
     # Per-row roofline with the mode's coefficients (roofline_factors, row_roofline).
     passes, tokens_replica, m, seqs = r.passes, r.tokens_replica, r.micro_batches, r.sequences
-    rows = roofline_rows(model, precision)
-    w_bytes, storage = rows["weight_bytes"], rows["storage_bytes"]
     if roofline_sums is None:
-        roof, launches = row_roofline(r, rows, *F.select_columns(
+        roof, launches = row_roofline(r, roofline_rows(model, precision), *F.select_columns(
             precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
         roofline_sums = row_sums([roof, launches], row_weight)
     roof_sum, launch_sum = roofline_sums[0] / tp, roofline_sums[1]
-    grad_bytes = jnp.where(valid, model.params, 0.0) * F.gradient_bytes(storage)
     # The plan-independent sums of the rows, as one contraction (rowclasses.row_sums).
     autocast = weight_storage_bytes is not None
-    grad_sum, saved_rows, w_rows, *params_total = row_sums(
-        [grad_bytes, jnp.where(valid & (model.block >= 0), model.act_bytes_per_token, 0.0),
-         w_bytes] + ([jnp.where(valid, model.params, 0.0)] if autocast else []), row_weight)
+    grad_sum, saved_rows, w_rows, *params_total = (
+        row_sums(step_row_terms(model, precision, autocast=autocast), row_weight)
+        if row_totals is None else row_totals)
 
     # Attention core: causal training FLOPs 2 s q_dim per token per block per pass; decode
     # reads the whole KV cache and does 4 s q_dim FLOPs per token per block.
