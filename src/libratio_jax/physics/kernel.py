@@ -284,7 +284,8 @@ def _class_rows(scenario: Scenario) -> dict:
     """The plan-independent per-entry terms the class path sums batch-last
     (:func:`_class_row_sums`), ``[M, C, F, 1]`` each: the roofline's
     (``throughput.roofline_rows``) and each entry's ZeRO-3 gathered bytes (``-1`` where no
-    row can be); ``class_rows [M, C, 1, 1]``, the rows of each class."""
+    row can be); ``class_rows [M, C, 1, 1]``, the rows of each class; ``terms``, per module
+    its plan-independent row terms (``_ROW_TERMS``), ``[M, K, C, F]``."""
     models = jax.vmap(class_model)(scenario.coarse_models)
     rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
     storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
@@ -310,17 +311,18 @@ _ROW_TERMS = {
 
 
 def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
-    """The plan-dependent row sums of plans counted by class, ``[M, b]`` each, computed with
-    the plans' axis last: ``roof`` and ``launches`` (``throughput.row_roofline`` weighted by
-    the counts, before tensor parallelism) and ``largest_layer`` (the largest ZeRO-3
-    gathered bytes of an entry the plan holds), and ``bf16``, the ``(roof, launches)`` of
-    the plan's layout with every row in BF16 (its all-BF16 baseline). ``fields`` the plans'
-    sanitized integer
-    fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``), ``rows`` of
-    :func:`_class_rows`. Written per plan inside ``vmap``, these sums made XLA transpose
-    the counts to the plans' axis first and write every entry's terms before a contraction
-    (~1.5 µs per plan on the 2-core machine); here they are a few fused elementwise passes
-    over the batch-last counts (``rowclasses.class_total``)."""
+    """The row sums of plans counted by class, ``[M, b]`` each, computed with the plans' axis
+    last: ``roofline``, the ``(roofline, launch)`` seconds (``throughput.row_roofline``
+    weighted by the counts, before tensor parallelism), ``bf16``, the same with every row in
+    BF16 (the plan's all-BF16 baseline), ``largest_layer`` (the largest ZeRO-3 gathered
+    bytes of an entry the plan holds), and per module (``memory``, ``step``, ``stability``)
+    the sums of its plan-independent row terms, its ``row_totals``. ``fields`` the plans'
+    sanitized integer fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``, any numeric
+    dtype), ``rows`` of :func:`_class_rows`. Written per plan inside ``vmap``, these sums
+    made XLA transpose the counts to the plans' axis first and write every entry's terms
+    before a contraction (~1.5 µs per plan on the 2-core machine); here they are a few fused
+    elementwise passes over the batch-last counts (``rowclasses.class_total``) and one
+    product (``native.weighted_sums``)."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
         return roofline_factors(workload, pool, dp.astype(jnp.float32), recompute, mb,
@@ -463,8 +465,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                 start, precision, opts = rows_or_index[0], plan.precision, dict(size=size)
             else:
                 start, precision, opts = None, rows_or_index, {}
-            # [M, C, F, b] (uint8 where it fits: read as they are, converted where summed),
-            # [M, b]
+            # [M, C, F, b] as the kernel writes them (uint8 where they fit), [M, b]
             counts, complete = format_counts(scenario.row_classes, precision, start=start,
                                              with_complete=True, compact=True, **opts)
             sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
