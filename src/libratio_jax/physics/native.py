@@ -5,17 +5,22 @@ XLA's CPU code generator moves bytes slowly: counting a batch's row formats per 
 (``stability.rows_stability``) cost it more than all the physics after them, and its fusion
 pass recomputes per-plan values inside every per-row kernel that reads them
 (docs/performance.md). The optional extension ``libratio_jax.physics._native`` (C++, built
-by ``pip install`` where a compiler is found; ``setup.py``) holds three XLA FFI handlers for
+by ``pip install`` where a compiler is found; ``setup.py``) holds four XLA FFI handlers for
 the CPU:
 
 - ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
-  64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters);
+  64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters),
+  a chunk of a batch read where it lies;
+- ``lj_weighted_sums``: the counts summed against a table of per-entry terms
+  (:func:`weighted_sums`), reading one-byte counts as they are (XLA's matrix products need a
+  float copy of them);
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
 
-None holds physics: they count, pick and copy. Each is used only on the CPU, only where it
-computes exactly what its XLA form does (the tests compare them on hostile inputs), and only
+None holds physics: they count, multiply by tables the physics modules computed, pick and
+copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
+the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
 after a check in this process: on other platforms, without the extension, on a CPU without
 AVX-512 (the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
 the XLA forms run. :func:`status` says which.
