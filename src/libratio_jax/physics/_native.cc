@@ -43,7 +43,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kFormats = 12;         // formats.NUM_FORMATS (native.py checks it)
-constexpr uint8_t kNoFormat = 255;   // a padding slot or an id no format has
+constexpr uint8_t kNoFormat = 255;   // a padding slot or an id no format has (formats.NO_FORMAT)
 constexpr int kTile = 64;            // plans counted side by side, one byte lane each
 constexpr int kU8Slots = 255;        // slots counted in 8-bit lanes before widening
 
@@ -247,11 +247,6 @@ LJ_AVX512 void CountTile(const uint8_t* prec, const Grid& g, int64_t k, int64_t 
     for (int r0 = 0; r0 < g.span[m]; r0 += 64)
       TransposeTile(src + r0, size_t(M) * L, plans, std::min(64, g.span[m] - r0),
                     rows + size_t(r0) * 64, tmp);
-    if (m + 1 < M)  // the next tenant's rows fetched while this one's are counted
-      for (int j = 0; j < plans; ++j)
-        for (int r = 0; r < g.span[m + 1] + 63; r += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(src + L + size_t(j) * M * L + r),
-                       _MM_HINT_T0);
     __mmask64 ok = ~__mmask64{0};
     for (int c = 0; c < C; ++c) {
       const int32_t* slots = &g.rows[(size_t(m) * C + c) * S];

@@ -44,6 +44,9 @@ FORMAT_NAMES: tuple[str, ...] = (
 )
 NUM_FORMATS = len(FORMAT_NAMES)
 FORMAT_IDS = {name: i for i, name in enumerate(FORMAT_NAMES)}  # canonical name -> id
+# A one-byte id no format has: padding slots and out-of-domain ids of the counted rows read
+# as this (physics.rowclasses, physics.native; kNoFormat in physics/_native.cc).
+NO_FORMAT = 255
 
 FP32, TF32, BF16, FP16, FP8_E4M3, FP8_E5M2, INT8, INT4, NF4, MXFP8, MXFP4, NVFP4 = range(
     NUM_FORMATS

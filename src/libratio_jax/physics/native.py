@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_SWITCH = "LIBRATIO_NATIVE"  # "0": the XLA forms everywhere
-_NO_FORMAT = 255  # an id no format has (rowclasses._NO_FORMAT)
 
 try:
     from libratio_jax.physics import _native as _extension
@@ -117,21 +116,23 @@ def format_counts(grid, ids, xla_fn, start=None, size: int | None = None, *,
     their consumers)."""
     grid = jnp.asarray(grid, jnp.int32)
     dtype = counts_dtype(grid) if compact else jnp.float32
+    if start is None:
+        args, native_fn, xla = (grid, ids), _native_counts, xla_fn
+    else:
+        args = (grid, ids, jnp.clip(jnp.asarray(start, jnp.int32), 0, ids.shape[0]))
+
+        def native_fn(g, i, s):
+            return _native_counts(g, i, s, size)
+
+        def xla(g, i, s):
+            return xla_fn(g, _chunk_of(i, s, size))
 
     def cast(out):
         return out[0].astype(dtype), out[1]
 
-    if start is not None:
-        start = jnp.clip(jnp.asarray(start, jnp.int32), 0, ids.shape[0])
-        padded = functools.partial(_chunk_of, start=start, size=size)
-        if not status().counts:
-            return cast(xla_fn(grid, padded(ids)))
-        return _cpu_only(lambda g, i, s: cast(_native_counts(g, i, s, size)),
-                         lambda g, i, s: cast(xla_fn(g, padded(i))), grid, ids, start)
     if not status().counts:
-        return cast(xla_fn(grid, ids))
-    return _cpu_only(lambda g, i: cast(_native_counts(g, i)),
-                     lambda g, i: cast(xla_fn(g, i)), grid, ids)
+        return cast(xla(*args))
+    return _cpu_only(lambda *a: cast(native_fn(*a)), lambda *a: cast(xla(*a)), *args)
 
 
 def counts_dtype(grid):
@@ -143,7 +144,9 @@ def counts_dtype(grid):
 
 def _chunk_of(ids, start, size):
     """``ids[start:start + size]``, the plans past the end as plans of no format."""
-    pad = jnp.full((size,) + ids.shape[1:], _NO_FORMAT, ids.dtype)
+    from libratio_jax.physics import formats as F
+
+    pad = jnp.full((size,) + ids.shape[1:], F.NO_FORMAT, ids.dtype)
     return jax.lax.dynamic_slice_in_dim(jnp.concatenate([ids, pad]), start, size)
 
 
@@ -262,7 +265,7 @@ def _self_check(counts: bool) -> None:
     picked = table[np.where(ids < F.NUM_FORMATS, ids, 0), np.arange(m)[:, None], np.arange(l)]
     if not np.array_equal(np.asarray(out), np.where(keep[..., None], picked, table[fallback])):
         raise RuntimeError("lj_rows_stability differs from NumPy indexing")
-    terms = rng.normal(size=(m, 9, l)).astype(np.float32)  # 9 terms: two passes of the kernel
+    terms = rng.normal(size=(m, 14, l)).astype(np.float32)  # 14 terms: two of its passes
     for dtype in (np.uint8, np.float32):
         weights = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
         got = np.asarray(jax.jit(_native_sums)(weights, terms))

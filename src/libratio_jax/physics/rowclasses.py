@@ -48,8 +48,7 @@ _INTENSIVE = (0, 3, 4)  # kind, in and out dims: equal within a class
 # Counts are accumulated in 8-bit lanes; at most this many slots are counted before the
 # partial counts are widened.
 _U8_SLOTS = 255
-# A format id no row can hold: padding slots and out-of-domain ids read as this.
-_NO_FORMAT = 255
+_NO_FORMAT = F.NO_FORMAT
 
 
 def row_class_indices(rows, coarse_rows) -> list[list[int]]:
