@@ -344,6 +344,34 @@ def test_module_app_for_uvicorn_and_manifests(monkeypatch):
         A.nothing_here  # noqa: B018
 
 
+def test_a_session_in_use_is_not_idle(monkeypatch):
+    """A /fleet session is idle from the end of its last request: not evicted while a
+    request runs past the idle timeout (a first reset compiles for seconds), nor right after
+    it; evicted once idle that long since."""
+    from libratio_jax.serve import app as A
+    from libratio_jax.serve.batcher import Hub
+
+    now = [100.0]
+    monkeypatch.setattr(A.time, "monotonic", lambda: now[0])
+    sessions = A._Sessions(Hub(2), limit=2, idle_seconds=1.0)
+    with sessions.using("a", create=True):
+        with sessions.using("a", create=False):  # two requests of one session at once
+            now[0] += 5.0
+            sessions.evict_idle()
+            assert "a" in sessions
+        now[0] += 5.0
+        sessions.evict_idle()
+        assert "a" in sessions  # the first request still runs
+    sessions.evict_idle()
+    assert "a" in sessions  # idle from the request's end, not its start
+    now[0] += 1.5
+    sessions.evict_idle()
+    assert "a" not in sessions and len(sessions) == 0
+    with pytest.raises(A.ServeError, match="unknown session"):
+        with sessions.using("a", create=False):
+            pass
+
+
 def test_idle_sessions_are_reaped_without_requests():
     """The server's lifespan runs the reaper: a /fleet session left idle past
     ``--idle-timeout`` is closed although no request comes to look it up."""

@@ -51,7 +51,9 @@ _DESCRIPTIONS = {
 
 
 class _Sessions:
-    """The ``/fleet`` routes' sessions: id -> environment, with a limit and idle eviction."""
+    """The ``/fleet`` routes' sessions: id -> environment, with a limit and idle eviction.
+    A session is idle from the end of its last request (:meth:`using`); one with a request
+    in flight is never evicted, however long the request takes (a first reset compiles)."""
 
     def __init__(self, hub: Hub, limit: int, idle_seconds: float | None):
         self.hub = hub
@@ -59,14 +61,31 @@ class _Sessions:
         self.idle_seconds = idle_seconds
         self._envs: dict[str, LibratioEnvironment] = {}
         self._seen: dict[str, float] = {}
+        self._busy: dict[str, int] = {}  # requests in flight per session
         self._history: dict[str, list] = {}
 
     def evict_idle(self) -> None:
         if self.idle_seconds is None:
             return
         now = time.monotonic()
-        for sid in [s for s, t in self._seen.items() if now - t > self.idle_seconds]:
+        for sid in [s for s, t in self._seen.items()
+                    if now - t > self.idle_seconds and s not in self._busy]:
             self.drop(sid)
+
+    @contextlib.contextmanager
+    def using(self, sid: str, *, create: bool):
+        """:meth:`get` for one request: the session is not evicted while the request runs,
+        and its idle time counts from the request's end."""
+        env = self.get(sid, create=create)
+        self._busy[sid] = self._busy.get(sid, 0) + 1
+        try:
+            yield env
+        finally:
+            left = self._busy.pop(sid) - 1
+            if left:
+                self._busy[sid] = left
+            if sid in self._envs:
+                self._seen[sid] = time.monotonic()
 
     def drop(self, sid: str) -> None:
         env = self._envs.pop(sid, None)
@@ -201,14 +220,14 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
         check_seed(body.get("seed"))
         sid = _session_id(request) or DEFAULT_SESSION
         new = sid not in sessions
-        env = sessions.get(sid, create=True)
-        try:
-            obs = await env.reset_async(seed=body.get("seed"), task=body.get("task_id"))
-        except Exception:
-            if new:
-                sessions.drop(sid)
-            raise
-        sessions.history(sid).clear()
+        with sessions.using(sid, create=True) as env:
+            try:
+                obs = await env.reset_async(seed=body.get("seed"), task=body.get("task_id"))
+            except Exception:
+                if new:
+                    sessions.drop(sid)
+                raise
+            sessions.history(sid).clear()
         response = JSONResponse({"observation": _observation(obs, env), "session_id": sid})
         response.set_cookie(COOKIE, sid)
         return response
@@ -235,9 +254,9 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
         if len(reply) > MAX_REPLY_CHARS:
             raise ServeError(f"step: the action is over {MAX_REPLY_CHARS} characters", 413)
         sid = _session_id(request) or DEFAULT_SESSION
-        env = sessions.get(sid, create=False)
-        obs = await env.step_async(LibratioAction(reply=reply))
-        sessions.history(sid).append({"action": action, "reward": obs.reward})
+        with sessions.using(sid, create=False) as env:
+            obs = await env.step_async(LibratioAction(reply=reply))
+            sessions.history(sid).append({"action": action, "reward": obs.reward})
         return {"observation": None if obs.done else _observation(obs, env),
                 "reward": {"score": obs.reward, "feedback": obs.text}, "done": obs.done,
                 "info": {"stage": obs.stage, "reason": obs.reason, "rules": obs.rules}}
