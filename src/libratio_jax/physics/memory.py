@@ -29,6 +29,7 @@ Equations and sources (docs/physics.md has the derivations):
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from libratio_jax.physics import architecture as A
@@ -109,7 +110,7 @@ def memory_row_terms(model: A.ModelSpec, workload, precision, *, act_precision=N
     params = jnp.where(model.valid, model.params, 0.0)
     # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
     storage, act_bytes = F.select_columns(
-        precision, jnp.stack([_table(F.STORAGE_BYTES), _table(F.ACTIVATION_BYTES)], axis=-1))
+        precision, np.stack([F.STORAGE_BYTES, F.ACTIVATION_BYTES], axis=-1).astype(np.float32))
     grad_bytes = F.gradient_bytes(storage)
     if gradient_bytes is not None:
         grad_bytes = jnp.full_like(storage, gradient_bytes)
@@ -174,7 +175,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
     if largest_layer_bytes is None:
-        storage, = F.select_columns(precision, _table(F.STORAGE_BYTES)[:, None])
+        storage, = F.select_columns(precision, np.asarray(F.STORAGE_BYTES, np.float32)[:, None])
         largest_layer_bytes = jnp.max(jnp.where(row_present(model.valid, row_weight),
                                                 layer_gather_bytes(model, storage), 0.0))
     gathered = jnp.where(zero_stage >= 3, largest_layer_bytes / tp, 0.0)

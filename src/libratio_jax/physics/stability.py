@@ -72,7 +72,7 @@ KV_STABILITY = np.exp(_log_score(-EFFECTIVE_ROUNDOFF, KV_CACHE_TOLERANCE, True, 
 def layer_log_stability(model: A.ModelSpec, mode, precision):
     """Log score per row ``[L]`` (``-u_eff / tol``, + log 0.9 for FP16 in training);
     padding rows 0."""
-    (neg_u,) = F.select_columns(precision, -jnp.asarray(EFFECTIVE_ROUNDOFF, jnp.float32)[:, None])
+    (neg_u,) = F.select_columns(precision, -np.asarray(EFFECTIVE_ROUNDOFF, np.float32)[:, None])
     logs = _log_score(neg_u, jnp.asarray(TOLERANCE, jnp.float32)[model.kind], mode != TRAIN,
                       precision == F.FP16, jnp.where)
     return jnp.where(model.valid, logs, 0.0)

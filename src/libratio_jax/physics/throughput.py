@@ -111,7 +111,7 @@ def format_traffic_columns():
     bytes per GEMM input element, storage bytes. (Apart from :func:`format_speed_columns`:
     under ``vmap`` over plans, whose pools differ, only the speed columns are batched, so
     the plan-independent row sums stay contractions.)"""
-    return jnp.stack([_t(F.ACTIVATION_BYTES), _t(F.CAST_BYTES), _t(F.STORAGE_BYTES)], axis=-1)
+    return np.stack([F.ACTIVATION_BYTES, F.CAST_BYTES, F.STORAGE_BYTES], axis=-1).astype(np.float32)
 
 
 def allreduce_seconds(size_bytes, n, bandwidth):
