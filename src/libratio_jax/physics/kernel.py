@@ -129,7 +129,9 @@ def _layout(gpus, tp, pp, micro_batch):
     GPUs left to data parallelism, the micro-batch as float32."""
     tp_ = jnp.maximum(tp, 1)
     pp_ = jnp.maximum(pp, 1)
-    dp = jnp.maximum(gpus // (tp_ * pp_), 1)
+    # C division: the same as ``//`` once clamped to 1 (the divisor is at least 1), without
+    # its rounding fix-ups for negative operands, which XLA computes as a kernel of its own.
+    dp = jnp.maximum(jax.lax.div(gpus, tp_ * pp_), 1)
     return tp_, pp_, dp, jnp.maximum(micro_batch, 1).astype(jnp.float32)
 
 

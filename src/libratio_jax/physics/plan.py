@@ -616,10 +616,12 @@ def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.
         degrees_ok = degrees_ok & ok_f
     models = scenario.models
     tp, pp = fields["tp"], fields["pp"]
+    # C remainders: zero exactly where ``%``'s are, without its sign fix-ups (XLA computes
+    # those as kernels of their own).
     structure = (degrees_ok & scenario.cluster.valid[fields["pool"]]
-                 & (models.n_heads.astype(jnp.int32) % tp == 0)
-                 & (models.n_kv_heads.astype(jnp.int32) % tp == 0)
-                 & (fields["gpus"] % (tp * pp) == 0)
+                 & (jax.lax.rem(models.n_heads.astype(jnp.int32), tp) == 0)
+                 & (jax.lax.rem(models.n_kv_heads.astype(jnp.int32), tp) == 0)
+                 & (jax.lax.rem(fields["gpus"], tp * pp) == 0)
                  & (pp <= models.n_blocks.astype(jnp.int32)))
     valid = ~scenario.present | (ok & (structure | ~has_gpus))
     return _idle_unless(scenario, fields, valid & scenario.present), valid
