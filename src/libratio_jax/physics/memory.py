@@ -101,6 +101,10 @@ def layer_gather_bytes(model: A.ModelSpec, storage):
     return model.params / jnp.maximum(model.count, 1.0) * (storage + F.gradient_bytes(storage))
 
 
+# Storage and activation bytes per format, the two columns every row looks up.
+_STORAGE_ACTIVATION = np.stack([F.STORAGE_BYTES, F.ACTIVATION_BYTES], axis=-1).astype(np.float32)
+
+
 def memory_row_terms(model: A.ModelSpec, workload, precision, *, act_precision=None,
                      optimizer_bytes=None, gradient_bytes=None) -> list:
     """The per-row terms :func:`tenant_memory` sums over the rows (shaped like
@@ -109,8 +113,7 @@ def memory_row_terms(model: A.ModelSpec, workload, precision, *, act_precision=N
     on the plan's scalars (knobs as :func:`tenant_memory`'s)."""
     params = jnp.where(model.valid, model.params, 0.0)
     # Two looked-up columns; gradient and optimizer bytes follow from the storage bytes.
-    storage, act_bytes = F.select_columns(
-        precision, np.stack([F.STORAGE_BYTES, F.ACTIVATION_BYTES], axis=-1).astype(np.float32))
+    storage, act_bytes = F.select_columns(precision, _STORAGE_ACTIVATION)
     grad_bytes = F.gradient_bytes(storage)
     if gradient_bytes is not None:
         grad_bytes = jnp.full_like(storage, gradient_bytes)
@@ -175,7 +178,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
     if largest_layer_bytes is None:
-        storage, = F.select_columns(precision, np.asarray(F.STORAGE_BYTES, np.float32)[:, None])
+        storage, = F.select_columns(precision, _STORAGE_ACTIVATION[:, :1])
         largest_layer_bytes = jnp.max(jnp.where(row_present(model.valid, row_weight),
                                                 layer_gather_bytes(model, storage), 0.0))
     gathered = jnp.where(zero_stage >= 3, largest_layer_bytes / tp, 0.0)

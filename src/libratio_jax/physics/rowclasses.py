@@ -48,7 +48,6 @@ _INTENSIVE = (0, 3, 4)  # kind, in and out dims: equal within a class
 # Counts are accumulated in 8-bit lanes; at most this many slots are counted before the
 # partial counts are widened.
 _U8_SLOTS = 255
-_NO_FORMAT = F.NO_FORMAT
 
 
 def row_class_indices(rows, coarse_rows) -> list[list[int]]:
@@ -134,7 +133,7 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
 
 def format_ids(precision):
     """``uint8`` format ids of ``precision`` (any numeric dtype): ids in ``[0, F)`` as they
-    are, every other value (negative, too large, non-integral, NaN) ``_NO_FORMAT``. One-byte
+    are, every other value (negative, too large, non-integral, NaN) ``formats.NO_FORMAT``. One-byte
     plans pass unchanged (an id of 12 or more already holds no format)."""
     p = jnp.asarray(precision)
     if p.dtype == jnp.uint8:
@@ -143,7 +142,7 @@ def format_ids(precision):
         ok = (p >= 0) & (p < F.NUM_FORMATS)
     else:
         ok = jnp.isfinite(p) & (p == jnp.round(p)) & (p >= 0) & (p < F.NUM_FORMATS)
-    return jnp.where(ok, p, _NO_FORMAT).astype(jnp.uint8)
+    return jnp.where(ok, p, F.NO_FORMAT).astype(jnp.uint8)
 
 
 def count_ids(grid, ids):
@@ -156,7 +155,7 @@ def count_ids(grid, ids):
     plans)."""
     b, m, l = ids.shape
     rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
-    rows = jnp.concatenate([rows, jnp.full((m, 1, b), _NO_FORMAT, jnp.uint8)], axis=1)
+    rows = jnp.concatenate([rows, jnp.full((m, 1, b), F.NO_FORMAT, jnp.uint8)], axis=1)
     slots = jax.vmap(lambda r, g: r.at[g].get(mode="promise_in_bounds"))(rows, grid)
     total = counted = None
     for start in range(0, slots.shape[2], _U8_SLOTS):
