@@ -303,3 +303,31 @@ def test_gate_fields_equals_sanitizing_with_the_formats_verdict():
     assert 0.2 < float(np.mean(want_valid)) < 0.9
     for f in want:
         np.testing.assert_array_equal(np.asarray(got[f]), np.asarray(want[f]), err_msg=f)
+
+
+def test_divides_is_python_remainder_on_hostile_integers():
+    """The sanitizer's divisibility test (``plan._divides``, a float32 quotient) says what
+    Python's ``n % d == 0`` says with C remainders (``d = 0`` divides only 0), for every
+    ``n`` in ``[0, INT_LIMIT]`` and any int32 ``d``: divisors and multiples near the float32
+    limit, 0, negative and huge divisors (a ``tp * pp`` wrapped around in int32)."""
+    import jax
+
+    from libratio_jax.physics.plan import INT_LIMIT, _divides
+
+    rng = np.random.default_rng(7)
+    # (d, n) at the edges: d = 0, quotients near float32's limit (2^24 - 1 over 2 is
+    # 8388607.5, which float32 rounds to an integer), wrapped-around products
+    edges = np.array([(0, 0), (0, 5), (1, INT_LIMIT), (-1, 7), (2, INT_LIMIT - 1),
+                      (2, INT_LIMIT), (3, INT_LIMIT - 1), (INT_LIMIT, INT_LIMIT),
+                      (INT_LIMIT - 1, INT_LIMIT), (2**31 - 1, 0), (-2**31, 2**23),
+                      (2**24 + 1, 2**23 + 1), (-3, INT_LIMIT - 1)])
+    d = np.concatenate([rng.integers(1, 64, 3000), rng.integers(1, INT_LIMIT + 1, 3000),
+                        rng.integers(-2**31, 2**31, 2000), edges[:, 0]])
+    q = rng.integers(0, INT_LIMIT // np.maximum(np.abs(d), 1) + 1)  # multiples within range
+    n = np.where(rng.random(d.size) < 0.5, np.abs(d) * q, rng.integers(0, INT_LIMIT + 1, d.size))
+    n[-len(edges):] = edges[:, 1]
+    want = np.array([(b == 0 and a == 0) or (b != 0 and int(np.fmod(a, b)) == 0)
+                     for a, b in zip(n.tolist(), d.tolist())])
+    got = np.asarray(jax.jit(_divides)(d.astype(np.int32), n.astype(np.int32)))
+    np.testing.assert_array_equal(got, want)
+    assert 0.2 < want.mean() < 0.8

@@ -125,14 +125,17 @@ _POOL_FIELDS = ("peak_flops", "hbm_bytes", "hbm_bytes_per_second", "nvlink_bytes
 
 
 def _layout(gpus, tp, pp, micro_batch):
-    """A tenant's sanitized ``(tp, pp, dp, micro_batch)``: degrees of at least 1, ``dp`` the
-    GPUs left to data parallelism, the micro-batch as float32."""
+    """A tenant's ``(tp, pp, dp, micro_batch)`` from its sanitized fields
+    (``plan.sanitize_fields``): degrees of at least 1, ``dp`` the GPUs left to data
+    parallelism and the micro-batch as float32."""
     tp_ = jnp.maximum(tp, 1)
     pp_ = jnp.maximum(pp, 1)
-    # C division: the same as ``//`` once clamped to 1 (the divisor is at least 1), without
-    # its rounding fix-ups for negative operands, which XLA computes as a kernel of its own.
-    dp = jnp.maximum(jax.lax.div(gpus, tp_ * pp_), 1)
-    return tp_, pp_, dp, jnp.maximum(micro_batch, 1).astype(jnp.float32)
+    # ``gpus // (tp * pp)`` in float32: exact on sanitized fields (at most 2^24 GPUs, and
+    # ``tp * pp`` divides them or there are none), and XLA's CPU code divides floats 16 at a
+    # time where it divides integers one at a time.
+    dp = jnp.floor(gpus.astype(jnp.float32) / (tp_.astype(jnp.float32)
+                                                * pp_.astype(jnp.float32)))
+    return tp_, pp_, jnp.maximum(dp, 1.0), jnp.maximum(micro_batch, 1).astype(jnp.float32)
 
 
 def _tenant_metrics(model, coarse, workload, present, pool, inlet, precision, row_weight, sums,
@@ -327,7 +330,7 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     product (``native.weighted_sums``)."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
-        return roofline_factors(workload, pool, dp.astype(jnp.float32), recompute, mb,
+        return roofline_factors(workload, pool, dp, recompute, mb,
                                 experts_per_token=model.experts_per_token,
                                 n_experts=model.n_experts)
 
@@ -476,8 +479,10 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                                                      sums)
         # The integer fields sanitized once for the whole batch, before the chunks (inside
         # them, XLA copied the checks into every per-entry kernel: 264-277 -> 305-315 k
-        # plans/s without layer_stability, alternating processes, 16,384 plans).
-        args = (*jax.vmap(functools.partial(sanitize_fields, scenario))(plan),
+        # plans/s without layer_stability, alternating processes, 16,384 plans). The verdict
+        # fenced: else XLA recomputed the ~60 checks in each of the 8 fields' kernels.
+        args = (*jax.vmap(functools.partial(sanitize_fields, scenario,
+                                            fence=native.fence))(plan),
                 jnp.arange(plan.precision.shape[0], dtype=jnp.int32) if in_place
                 else plan.precision)
     out = map_chunks(chunk, args, size)

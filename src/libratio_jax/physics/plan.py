@@ -594,12 +594,27 @@ def _integral(x, lo, hi):
     return jnp.where(ok, xf, lo).astype(jnp.int32), ok
 
 
-def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.ndarray]:
+def _divides(d, n):
+    """Whether ``d`` divides ``n`` (int32; ``0 <= n <= INT_LIMIT``, any ``d``), as ``n %
+    d == 0`` says (C remainders, ``d = 0`` dividing only 0). Through a float32 quotient:
+    XLA's CPU code divides integers one element at a time, floats 16 at a time. Exact: ``n``
+    and ``d`` (up to 2^24) are float32 numbers, so where ``d`` divides ``n`` the quotient is
+    exact and its product with ``d`` is ``n``; where it does not, no integer times ``d`` is
+    ``n``. The rounded quotient is at most ``n / |d| + 1``, so the product stays far from
+    int32's limits; a larger ``|d|`` gives a quotient of 0 (``n < |d| / 2``)."""
+    q = jnp.round(n.astype(jnp.float32) / d.astype(jnp.float32))
+    return jnp.where(d == 0, n == 0, jnp.where(jnp.isfinite(q), q, 0).astype(jnp.int32) * d == n)
+
+
+def sanitize_fields(scenario, plan: Plan, precision_ok=True, *,
+                    fence=None) -> tuple[dict, jnp.ndarray]:
     """:func:`sanitize_plan` of the integer fields ``[M]`` given whether each tenant's row
     formats are in their domain (``precision_ok[M]``): ``(safe fields by name, valid[M])``,
     the idle plan's values for every invalid or absent tenant. ``plan.precision`` is not
     read (the class-count path checks the formats while counting them, and a batch
-    sanitizes its fields before that: :func:`gate_fields`)."""
+    sanitizes its fields before that: :func:`gate_fields`). ``fence``: a function applied
+    to the verdict before the fields are gated on it (an identity for values; a batch passes
+    ``physics.native.fence``, so that the checks run once, not once per field)."""
     n_pools = scenario.cluster.gpu_count.shape[-1]
     ok = precision_ok
     big = INT_LIMIT
@@ -616,14 +631,14 @@ def sanitize_fields(scenario, plan: Plan, precision_ok=True) -> tuple[dict, jnp.
         degrees_ok = degrees_ok & ok_f
     models = scenario.models
     tp, pp = fields["tp"], fields["pp"]
-    # C remainders: zero exactly where ``%``'s are, without its sign fix-ups (XLA computes
-    # those as kernels of their own).
     structure = (degrees_ok & scenario.cluster.valid[fields["pool"]]
-                 & (jax.lax.rem(models.n_heads.astype(jnp.int32), tp) == 0)
-                 & (jax.lax.rem(models.n_kv_heads.astype(jnp.int32), tp) == 0)
-                 & (jax.lax.rem(fields["gpus"], tp * pp) == 0)
+                 & _divides(tp, models.n_heads.astype(jnp.int32))
+                 & _divides(tp, models.n_kv_heads.astype(jnp.int32))
+                 & _divides(tp * pp, fields["gpus"])
                  & (pp <= models.n_blocks.astype(jnp.int32)))
     valid = ~scenario.present | (ok & (structure | ~has_gpus))
+    if fence is not None:
+        valid = fence(valid)
     return _idle_unless(scenario, fields, valid & scenario.present), valid
 
 
