@@ -552,7 +552,7 @@ def _broken_rules(g, tp_raw, pp_raw, zero, rec, kv, mb, pool_id, present, heads,
     ]
 
 
-def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
+def sanitize_plan(scenario, plan: Plan, *, fence=None) -> tuple[Plan, jnp.ndarray]:
     """``(safe plan, valid[M])`` for any plan arrays, inside ``jit`` (one plan, no batch axis).
 
     A present tenant's plan is valid when every field is a finite integer in its domain:
@@ -564,11 +564,11 @@ def sanitize_plan(scenario, plan: Plan) -> tuple[Plan, jnp.ndarray]:
     ``overcommitted`` outcome here). Absent tenants are always valid. The safe plan holds the
     idle plan for every invalid or absent tenant (int32 throughout), so the physics downstream
     stay finite whatever the input; the caller floors the reward of an invalid plan (IRD rule
-    ``invalid_plan``).
+    ``invalid_plan``). ``fence``: as :func:`sanitize_fields`'.
     """
     prec, ok_prec = _integral(plan.precision, 0, F.NUM_FORMATS - 1)
     ok = jnp.all(ok_prec | ~scenario.models.valid, axis=-1)
-    fields, valid = sanitize_fields(scenario, plan, ok)
+    fields, valid = sanitize_fields(scenario, plan, ok, fence=fence)
     keep = valid & scenario.present
     safe = Plan(precision=jnp.where(keep[:, None], prec, F.BF16), **fields)
     return safe, valid
