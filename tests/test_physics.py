@@ -216,3 +216,21 @@ def test_overcommit_flagged():
     assert bool(m.overcommitted) and int(m.gpus_used[0]) == 16
     ok = lj.evaluate(sc, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
     assert not bool(ok.overcommitted)
+
+
+def test_touched_fraction_matches_float64_including_tiny_fractions():
+    """The chance an expert is touched, ``1 - (1 - k/E) ** sequences`` (serving's weight
+    reads), equals the float64 formula to 1e-6 relative on a grid of expert fractions and
+    sequence counts, where the rounded power's complement loses its digits (small k/E over
+    less than one sequence) included, and at the edges (k = E, k = 0, no sequences)."""
+    import jax
+
+    from libratio_jax.physics.throughput import touched_fraction
+
+    x = np.concatenate([np.linspace(0.0, 1.0, 65), [1 / 64, 1 / 128, 1e-6, 1.0, 0.0]])
+    s = np.concatenate([np.geomspace(1e-3, 1e5, 65), [0.0, 0.5, 3.0, 1e6, 2.0]])
+    xx, ss = (a.astype(np.float32) for a in np.meshgrid(x, s))
+    got = np.asarray(jax.jit(touched_fraction)(xx, ss), np.float64)
+    want = 1.0 - (1.0 - xx.astype(np.float64)) ** ss.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+    assert got[ss == 0].max() == 0.0 and got[(xx == 1) & (ss > 0)].min() == 1.0

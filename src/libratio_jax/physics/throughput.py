@@ -141,6 +141,19 @@ class Roofline(NamedTuple):
     gemm_fixed_seconds: jnp.ndarray  # [F] fixed seconds per GEMM launch
 
 
+def touched_fraction(k_over_e, sequences):
+    """``1 - (1 - k/E) ** sequences``, the chance that an expert serves at least one of
+    ``sequences`` sequences when each picks ``k`` of ``E`` experts (``k_over_e`` in
+    ``[0, 1]``, ``sequences >= 0``), as ``-expm1(sequences * log1p(-k/E))``: exact where
+    the power is close to 1 (``1 - p`` of a rounded ``p`` loses the digits a small fraction
+    has), and vectorized, where XLA's CPU code calls a scalar ``pow`` per element (~16 µs
+    for 2,048 elements on the 2-core machine, ~4.8 µs this way)."""
+    x = jnp.clip(k_over_e, 0.0, 1.0)
+    some = x < 1.0
+    fraction = -jnp.expm1(sequences * jnp.log1p(-jnp.where(some, x, 0.0)))
+    return jnp.where(some, fraction, jnp.where(sequences > 0.0, 1.0, 0.0))
+
+
 def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
                      forward_only: bool = False, experts_per_token=0.0,
                      n_experts=0.0) -> Roofline:
@@ -159,7 +172,7 @@ def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
         is_train=is_train, passes=passes,
         micro_batches=num_micro_batches(workload.batch, dp, micro_batch),
         tokens_replica=tokens_replica, sequences=seqs,
-        touched=1.0 - jnp.power(jnp.clip(1.0 - k_over_e, 0.0, 1.0), seqs),
+        touched=touched_fraction(k_over_e, seqs),
         work=jnp.where(is_train, passes * tokens_replica, seqs),
         hbm_bytes_per_second=pool["hbm_bytes_per_second"],
         seconds_per_flop=cols[:, 0], gemm_fixed_seconds=cols[:, 1])
