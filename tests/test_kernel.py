@@ -502,6 +502,28 @@ def test_class_extrema_read_only_the_formats_a_plan_holds():
                                 by_rows.replace(layer_stability=None), rtol=1e-5, atol=1e-6)
 
 
+def test_largest_present_equals_a_numpy_masked_maximum():
+    """ZeRO-3's largest gathered entry of a plan (``kernel._largest_present``: the entries
+    ranked per tenant, the plans' maximum over one-byte ranks) is NumPy's maximum of the
+    values of the entries the plan holds: tied values, entries no row can be (-1), plans
+    holding nothing (0), one-byte and float counts."""
+    from libratio_jax.physics.kernel import _largest_present
+
+    rng = np.random.default_rng(5)
+    m, c, f, b = 3, 5, 4, 64
+    values = rng.choice([0.0, 1.5, 2.0, 3e9, 3e9, 7.25], size=(m, c, f, 1)).astype(np.float32)
+    values[:, -1] = -1.0  # a padding class
+    values[1, 0, 0] = 9e9  # one large entry, held by some plans only
+    counts = rng.integers(0, 3, (m, c, f, b)) * (rng.random((m, c, f, b)) < 0.15)
+    counts[:, -1] = 0
+    counts[..., :4] = 0  # plans holding nothing
+    want = np.max(np.where(counts > 0, values, 0.0), axis=(1, 2))
+    for dtype in (np.uint8, np.float32):
+        got = np.asarray(jax.jit(_largest_present)(counts.astype(dtype), values))
+        np.testing.assert_array_equal(got, want)
+    assert (want == 9e9).any() and (want[1] < 9e9).any() and (want == 0).any()
+
+
 def _tiny_full_resolution(first=_TINY_MOE):
     return lj.Scenario.build(
         lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
