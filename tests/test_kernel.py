@@ -502,25 +502,32 @@ def test_class_extrema_read_only_the_formats_a_plan_holds():
                                 by_rows.replace(layer_stability=None), rtol=1e-5, atol=1e-6)
 
 
-def test_largest_present_equals_a_numpy_masked_maximum():
-    """ZeRO-3's largest gathered entry of a plan (``kernel._largest_present``: the entries
-    ranked per tenant, the plans' maximum over one-byte ranks) is NumPy's maximum of the
-    values of the entries the plan holds: tied values, entries no row can be (-1), plans
-    holding nothing (0), one-byte and float counts."""
+def test_largest_held_entry_equals_a_numpy_masked_maximum():
+    """ZeRO-3's largest gathered entry a plan holds, the peak of ``native.weighted_sums``:
+    natively and in its XLA form (``kernel._largest_present``: the entries ranked per
+    tenant, the plans' maximum over one-byte ranks), NumPy's maximum of the values of the
+    entries held, on tied values, entries no row can be (-1), plans holding nothing (0),
+    one-byte and float counts, partial tiles of plans."""
+    from libratio_jax.physics import native
     from libratio_jax.physics.kernel import _largest_present
 
     rng = np.random.default_rng(5)
-    m, c, f, b = 3, 5, 4, 64
-    values = rng.choice([0.0, 1.5, 2.0, 3e9, 3e9, 7.25], size=(m, c, f, 1)).astype(np.float32)
-    values[:, -1] = -1.0  # a padding class
-    values[1, 0, 0] = 9e9  # one large entry, held by some plans only
-    counts = rng.integers(0, 3, (m, c, f, b)) * (rng.random((m, c, f, b)) < 0.15)
-    counts[:, -1] = 0
+    m, e, b = 3, 20, 70
+    values = rng.choice([0.0, 1.5, 2.0, 3e9, 3e9, 7.25], size=(m, e)).astype(np.float32)
+    values[:, -4:] = -1.0  # entries of a padding class
+    values[1, 0] = 9e9  # one large entry, held by some plans only
+    counts = rng.integers(0, 3, (m, e, b)) * (rng.random((m, e, b)) < 0.15)
+    counts[:, -4:] = 0
     counts[..., :4] = 0  # plans holding nothing
-    want = np.max(np.where(counts > 0, values, 0.0), axis=(1, 2))
+    want = np.max(np.where(counts > 0, values[..., None], 0.0), axis=1)
+    table = np.zeros((m, 1, e), np.float32)
     for dtype in (np.uint8, np.float32):
-        got = np.asarray(jax.jit(_largest_present)(counts.astype(dtype), values))
-        np.testing.assert_array_equal(got, want)
+        x = counts.astype(dtype)
+        np.testing.assert_array_equal(np.asarray(jax.jit(_largest_present)(x, values)), want)
+        _, top = jax.jit(lambda c, v: native.weighted_sums(
+            c, table, v, lambda c, t, v: (jnp.zeros((m, 1, b)), _largest_present(c, v))))(
+                x, values)
+        np.testing.assert_array_equal(np.asarray(top), want)
     assert (want == 9e9).any() and (want[1] < 9e9).any() and (want == 0).any()
 
 

@@ -162,19 +162,26 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
     pass (13), empty entries: as a NumPy product in float64 and as XLA's, up to float
-    rounding."""
+    rounding; the largest per-entry peak over the entries held: as NumPy's, exactly."""
     rng = np.random.default_rng(b * 100 + k)
     m, e = 3, 50
     counts = rng.integers(0, 256 if dtype == np.uint8 else 1000, (m, e, b)).astype(dtype)
     counts[:, 7] = 0
     table = rng.normal(size=(m, k, e)).astype(np.float32)
-    xla = jax.jit(lambda c, t: jnp.einsum("mke,meb->mkb", t, c.astype(jnp.float32)))
-    got = jax.jit(lambda c, t: native.weighted_sums(c, t, xla))(counts, table)
+    peaks = rng.normal(size=(m, e)).astype(np.float32)
+
+    def xla(c, t, v):
+        return (jnp.einsum("mke,meb->mkb", t, c.astype(jnp.float32)),
+                jnp.max(jnp.where(c > 0, v[..., None], 0.0), axis=1, initial=0.0))
+
+    got, top = jax.jit(lambda c, t, v: native.weighted_sums(c, t, v, xla))(counts, table, peaks)
     want = np.einsum("mke,meb->mkb", table.astype(np.float64), counts.astype(np.float64))
     scale = np.abs(table).astype(np.float64) @ np.abs(counts).astype(np.float64)
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert np.all(np.abs(np.asarray(got) - want) <= 1e-5 * scale + 1e-6)
-    assert np.all(np.abs(np.asarray(xla(counts, table)) - want) <= 1e-5 * scale + 1e-6)
+    assert np.all(np.abs(np.asarray(xla(counts, table, peaks)[0]) - want) <= 1e-5 * scale + 1e-6)
+    want_top = np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
+    np.testing.assert_array_equal(np.asarray(top), want_top.astype(np.float32))
 
 
 @needs_native

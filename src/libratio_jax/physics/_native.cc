@@ -6,7 +6,8 @@
 //   lj_rows_stability  each row's entry of a [F, M, L] table at the row's format: what
 //                      stability.rows_stability computes in XLA;
 //   lj_weighted_sums   per-tenant weighted sums of the counts with a table of per-entry terms
-//                      (a batched matrix product reading one-byte counts as they are);
+//                      (a batched matrix product reading one-byte counts as they are), and
+//                      the largest of a per-entry table over the entries a plan holds;
 //   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
@@ -421,19 +422,27 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // layout); table f32 [M, K, E]; out f32 [M, K, b]:
 // out[m, k, p] = sum_e table[m, k, e] * counts[m, e, p], summed in the order of e. The
 // counts are read as they are (one byte each: no float copy of them for a matrix product).
+// With them, the held entries' peak: peaks f32 [M, E]; peak f32 [M, b]:
+// peak[m, p] = max(0, max of peaks[m, e] over the entries with counts[m, e, p] > 0).
 
 constexpr int kSumRows = 13;   // terms per pass (2 x 13 accumulators of 16 plans)
 constexpr int kSumPlans = 32;  // plans per task: two vectors of 16
 
 template <typename T>
-void SumsScalar(const T* counts, const float* table, int64_t E, int64_t K, int64_t b,
-                int64_t p0, int64_t p1, float* out) {
+void SumsScalar(const T* counts, const float* table, const float* peaks, int64_t E, int64_t K,
+                int64_t b, int64_t p0, int64_t p1, float* out, float* peak) {
   for (int64_t k = 0; k < K; ++k)
     for (int64_t p = p0; p < p1; ++p) {
       float acc = 0.0f;
       for (int64_t e = 0; e < E; ++e) acc += table[k * E + e] * float(counts[e * b + p]);
       out[k * b + p] = acc;
     }
+  for (int64_t p = p0; p < p1; ++p) {
+    float top = 0.0f;
+    for (int64_t e = 0; e < E; ++e)
+      if (counts[e * b + p] > 0) top = std::max(top, peaks[e]);
+    peak[p] = top;
+  }
 }
 
 #if LJ_X86
@@ -451,23 +460,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
 // the tenant's table as [passes][E][kSumRows], zero past the last term.
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
-    const T* counts, const float* packed, int64_t E, int64_t K, int64_t b, int64_t p0,
-    int plans, float* out) {
+    const T* counts, const float* packed, const float* peaks, int64_t E, int64_t K, int64_t b,
+    int64_t p0, int plans, float* out, float* peak) {
   const __mmask16 lo = plans >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << plans) - 1);
   const int hi_n = std::max(0, plans - 16);
   const __mmask16 hi = hi_n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << hi_n) - 1);
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 top0 = zero, top1 = zero;  // the peak, in the first pass
   for (int64_t k0 = 0; k0 < K; k0 += kSumRows, packed += E * kSumRows) {
     __m512 acc[kSumRows][2];
     for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     for (int64_t e = 0; e < E; ++e) {
       const __m512 x0 = LoadCounts(counts + e * b + p0, lo);
       const __m512 x1 = LoadCounts(counts + e * b + p0 + 16, hi);
+      if (k0 == 0) {
+        const __m512 v = _mm512_set1_ps(peaks[e]);
+        top0 = _mm512_mask_max_ps(top0, _mm512_cmp_ps_mask(x0, zero, _CMP_GT_OQ), top0, v);
+        top1 = _mm512_mask_max_ps(top1, _mm512_cmp_ps_mask(x1, zero, _CMP_GT_OQ), top1, v);
+      }
       const float* w = packed + e * kSumRows;
       for (int j = 0; j < kSumRows; ++j) {
         const __m512 t = _mm512_set1_ps(w[j]);
         acc[j][0] = _mm512_fmadd_ps(t, x0, acc[j][0]);
         acc[j][1] = _mm512_fmadd_ps(t, x1, acc[j][1]);
       }
+    }
+    if (k0 == 0) {
+      _mm512_mask_storeu_ps(peak + p0, lo, top0);
+      _mm512_mask_storeu_ps(peak + p0 + 16, hi, top1);
     }
     const int64_t n = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
     for (int j = 0; j < kSumRows; ++j) {
@@ -480,8 +500,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
 #endif
 
 template <typename T>
-void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, int64_t M, int64_t E,
-             int64_t K, int64_t b, float* out) {
+void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, const float* peaks,
+             int64_t M, int64_t E, int64_t K, int64_t b, float* out, float* peak) {
   const int64_t tiles = (b + kSumPlans - 1) / kSumPlans;
   const bool vec = HasAvx512();
   const int64_t passes = (K + kSumRows - 1) / kSumRows;
@@ -499,30 +519,35 @@ void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, int64_t
     const int plans = int(std::min<int64_t>(kSumPlans, b - p0));
 #if LJ_X86
     if (vec) {
-      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows, E, K, b, p0,
-                 plans, out + m * K * b);
+      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows, peaks + m * E,
+                 E, K, b, p0, plans, out + m * K * b, peak + m * b);
       return;
     }
 #endif
-    SumsScalar(counts + m * E * b, table + m * K * E, E, K, b, p0, p0 + plans, out + m * K * b);
+    SumsScalar(counts + m * E * b, table + m * K * E, peaks + m * E, E, K, b, p0, p0 + plans,
+               out + m * K * b, peak + m * b);
   });
 }
 
 ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer<ffi::F32> table,
-                        ffi::ResultBuffer<ffi::F32> out) {
+                        ffi::Buffer<ffi::F32> peaks, ffi::ResultBuffer<ffi::F32> out,
+                        ffi::ResultBuffer<ffi::F32> peak) {
   const auto cd = counts.dimensions();
   const auto td = table.dimensions();
+  const auto vd = peaks.dimensions();
   const auto od = out->dimensions();
-  if (cd.size() != 3 || td.size() != 3 || od.size() != 3 || td[0] != cd[0] ||
-      td[2] != cd[1] || od[0] != cd[0] || od[1] != td[1] || od[2] != cd[2])
+  const auto pd = peak->dimensions();
+  if (cd.size() != 3 || td.size() != 3 || od.size() != 3 || vd.size() != 2 || pd.size() != 2 ||
+      td[0] != cd[0] || td[2] != cd[1] || od[0] != cd[0] || od[1] != td[1] || od[2] != cd[2] ||
+      vd[0] != cd[0] || vd[1] != cd[1] || pd[0] != cd[0] || pd[1] != cd[2])
     return ffi::Error::InvalidArgument("lj_weighted_sums: shapes do not match");
   const int64_t M = cd[0], E = cd[1], b = cd[2], K = td[1];
   if (counts.element_type() == ffi::DataType::U8)
-    SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), table.typed_data(), M, E,
-            K, b, out->typed_data());
+    SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), table.typed_data(),
+            peaks.typed_data(), M, E, K, b, out->typed_data(), peak->typed_data());
   else if (counts.element_type() == ffi::DataType::F32)
-    SumsAll(pool, static_cast<const float*>(counts.untyped_data()), table.typed_data(), M, E,
-            K, b, out->typed_data());
+    SumsAll(pool, static_cast<const float*>(counts.untyped_data()), table.typed_data(),
+            peaks.typed_data(), M, E, K, b, out->typed_data(), peak->typed_data());
   else
     return ffi::Error::InvalidArgument("lj_weighted_sums: counts are uint8 or float32");
   return ffi::Error::Success();
@@ -562,6 +587,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjWeightedSums, WeightedSums,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,

@@ -360,36 +360,39 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
         return class_total(rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1,
                                                                      axis=2))
     # The plan-independent terms of every module's sums, one contraction with the counts.
+    # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be).
     terms = rows["terms"]  # {module: [M, K, C, F]}
     m, c, f, b = counts.shape
-    totals = native.weighted_sums(
+    totals, largest = native.weighted_sums(
         counts.reshape(m, c * f, b),
         jnp.concatenate(list(terms.values()), axis=1).reshape(m, -1, c * f),
-        lambda x, t: jnp.einsum("mke,meb->mkb", t, x.astype(jnp.float32)))  # [M, K, b]
+        rows["largest_layer"].reshape(m, c * f),
+        lambda x, t, v: (jnp.einsum("mke,meb->mkb", t, x.astype(jnp.float32)),
+                         _largest_present(x, v)))  # [M, K, b], [M, b]
     split = np.cumsum([0] + [t.shape[1] for t in terms.values()])
     return dict(roofline=(class_total(counts * roof), class_total(counts * launches)),
-                largest_layer=_largest_present(counts, rows["largest_layer"]),
+                largest_layer=largest,
                 bf16=native.fence((bf16(roof), bf16(launches))),
                 **{name: tuple(totals[:, k] for k in range(a, b))
                    for name, a, b in zip(terms, split[:-1], split[1:], strict=True)})
 
 
 def _largest_present(counts, values):
-    """``float32[M, b]``: the largest of ``values [M, C, F, 1]`` (at least 0; -1 marks an
-    entry no row can be) over the entries a plan holds (``counts [M, C, F, b] > 0``), 0 for
-    none. Each entry's value is ranked within its tenant first (plan-independent: computed
-    once per call), so the plans' maximum runs over one-byte ranks (64 to a vector instead
-    of 16 floats) and the value is read back by rank."""
-    m = values.shape[0]
-    flat = values.reshape(m, -1)  # [M, E]
+    """``float32[M, b]``: the largest of ``values [M, E]`` (-1 marks an entry no row can be)
+    over the entries a plan holds (``counts [M, E, b] > 0``), at least 0, 0 for none: the
+    XLA form of ``native.weighted_sums``' peak. Each entry's value is ranked within its
+    tenant first (plan-independent: once per call), so that the plans' maximum runs over
+    one-byte ranks (64 to a vector instead of 16 floats), and the value is read back by
+    rank."""
+    m, e = values.shape
     # rank 1 + the number of smaller values (equal values share a rank), 0 for none
-    rank = 1 + jnp.sum(flat[:, None, :] < flat[:, :, None], axis=-1)
-    rank = jnp.where(flat >= 0.0, rank, 0)
-    by_rank = jnp.zeros((m, flat.shape[1] + 1), jnp.float32).at[
-        jnp.arange(m)[:, None], rank].max(jnp.maximum(flat, 0.0))  # [M, E + 1]
-    dtype = jnp.uint8 if flat.shape[1] < 256 else jnp.int32
-    present = jnp.where(counts > 0, rank.astype(dtype).reshape(values.shape), 0)
-    top = class_total(present, jnp.maximum)  # [M, b]
+    rank = 1 + jnp.sum(values[:, None, :] < values[:, :, None], axis=-1)
+    rank = jnp.where(values > 0.0, rank, 0)
+    by_rank = jnp.zeros((m, e + 1), jnp.float32).at[jnp.arange(m)[:, None], rank].max(
+        jnp.maximum(values, 0.0))  # [M, E + 1]
+    dtype = jnp.uint8 if e < 256 else jnp.int32
+    held = jnp.where(counts > 0, rank.astype(dtype)[..., None], 0)  # [M, E, b]
+    top = class_total(held[:, :, None, :], jnp.maximum)  # [M, b]
     return jnp.take_along_axis(by_rank, top.astype(jnp.int32), axis=1)
 
 

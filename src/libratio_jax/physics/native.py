@@ -165,22 +165,26 @@ def _native_counts(grid, ids, start=None, size: int | None = None):
         vmap_method="sequential")(ids, grid, start))
 
 
-def weighted_sums(counts, table, xla_fn):
-    """``float32[M, K, b]``: ``sum_e table[m, k, e] * counts[m, e, p]`` for counts ``[M, E, b]``
-    (uint8 or float32, the plans last: :func:`format_counts`' layout) and per-entry terms
-    ``table float32[M, K, E]``: the native kernel on the CPU when :func:`status` allows it
-    (it reads one-byte counts as they are; a matrix product in XLA needs a float copy of
-    them), else ``xla_fn(counts, table)``, which must return the same up to float rounding."""
+def weighted_sums(counts, table, peaks, xla_fn):
+    """``(float32[M, K, b], float32[M, b])``: ``sum_e table[m, k, e] * counts[m, e, p]`` for
+    counts ``[M, E, b]`` (uint8 or float32, the plans last: :func:`format_counts`' layout)
+    and per-entry terms ``table float32[M, K, E]``, and the largest of ``peaks float32[M,
+    E]`` over the entries a plan holds (``counts > 0``; at least 0, 0 for none): the native
+    kernel on the CPU when :func:`status` allows it (it reads one-byte counts as they are; a
+    matrix product in XLA needs a float copy of them), else ``xla_fn(counts, table, peaks)``,
+    which must return the same up to float rounding (the peaks exactly)."""
+    table, peaks = jnp.asarray(table, jnp.float32), jnp.asarray(peaks, jnp.float32)
     if not status().sums:
-        return xla_fn(counts, table)
-    return _cpu_only(_native_sums, xla_fn, counts, jnp.asarray(table, jnp.float32))
+        return xla_fn(counts, table, peaks)
+    return _cpu_only(_native_sums, xla_fn, counts, table, peaks)
 
 
-def _native_sums(counts, table):
+def _native_sums(counts, table, peaks):
     m, _, b = counts.shape
-    return jax.ffi.ffi_call("lj_weighted_sums", _result(counts, (m, table.shape[1], b),
-                                                        jnp.float32),
-                            vmap_method="sequential")(counts, table)
+    return tuple(jax.ffi.ffi_call(
+        "lj_weighted_sums", (_result(counts, (m, table.shape[1], b), jnp.float32),
+                             _result(counts, (m, b), jnp.float32)),
+        vmap_method="sequential")(counts, table, peaks))
 
 
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
@@ -266,12 +270,16 @@ def _self_check(counts: bool) -> None:
     if not np.array_equal(np.asarray(out), np.where(keep[..., None], picked, table[fallback])):
         raise RuntimeError("lj_rows_stability differs from NumPy indexing")
     terms = rng.normal(size=(m, 14, l)).astype(np.float32)  # 14 terms: two of its passes
+    peaks = rng.normal(size=(m, l)).astype(np.float32)
     for dtype in (np.uint8, np.float32):
         weights = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
-        got = np.asarray(jax.jit(_native_sums)(weights, terms))
+        weights[:, :, :3] = 0  # plans holding nothing
+        got, top = (np.asarray(x) for x in jax.jit(_native_sums)(weights, terms, peaks))
         want = np.einsum("mke,meb->mkb", terms.astype(np.float64), weights.astype(np.float64))
-        if not np.allclose(got, want, rtol=1e-5, atol=1e-3):
-            raise RuntimeError("lj_weighted_sums differs from a NumPy product")
+        want_top = np.max(np.where(weights > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
+        if not (np.allclose(got, want, rtol=1e-5, atol=1e-3)
+                and np.array_equal(top, want_top.astype(np.float32))):
+            raise RuntimeError("lj_weighted_sums differs from a NumPy product and maximum")
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")
