@@ -162,13 +162,17 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
     pass (13), empty entries: as a NumPy product in float64 and as XLA's, up to float
-    rounding; the largest per-entry peak over the entries held: as NumPy's, exactly."""
+    rounding; the largest per-entry peak over the entries held: as NumPy's, exactly. Entries
+    with no term and a peak count; entries with neither add nothing."""
     rng = np.random.default_rng(b * 100 + k)
     m, e = 3, 50
     counts = rng.integers(0, 256 if dtype == np.uint8 else 1000, (m, e, b)).astype(dtype)
     counts[:, 7] = 0
     table = rng.normal(size=(m, k, e)).astype(np.float32)
     peaks = rng.normal(size=(m, e)).astype(np.float32)
+    table[:, :, 3], peaks[:, 3] = 0.0, 5.0  # no term, a peak: held entries still count
+    table[:, :, 5], peaks[:, 5] = 0.0, -1.0  # nothing to add (the kernel skips it)
+    table[1, :, 9], peaks[1, 9] = 0.0, 0.0
 
     def xla(c, t, v):
         return (jnp.einsum("mke,meb->mkb", t, c.astype(jnp.float32)),

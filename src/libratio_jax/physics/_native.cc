@@ -424,6 +424,8 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // counts are read as they are (one byte each: no float copy of them for a matrix product).
 // With them, the held entries' peak: peaks f32 [M, E]; peak f32 [M, b]:
 // peak[m, p] = max(0, max of peaks[m, e] over the entries with counts[m, e, p] > 0).
+// Counts, terms and peaks are finite (an entry whose terms are 0 and whose peak is not
+// positive is skipped: it adds nothing).
 
 constexpr int kSumRows = 13;   // terms per pass (2 x 13 accumulators of 16 plans)
 constexpr int kSumPlans = 32;  // plans per task: two vectors of 16
@@ -456,29 +458,33 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
   return _mm512_maskz_loadu_ps(mask, x);
 }
 
-// Plans p0 .. p0 + plans - 1 (at most 32) of one tenant, kSumRows terms per pass; `packed`
-// the tenant's table as [passes][E][kSumRows], zero past the last term.
+// Plans p0 .. p0 + plans - 1 (at most 32) of one tenant, kSumRows terms per pass, over the
+// tenant's `n` entries `held` that can add to a result (a term not zero, or a positive peak:
+// a padding class adds nothing whatever its counts); `packed` their terms as
+// [passes][E][kSumRows] (zero past the last term), `peaks` theirs, both in `held`'s order.
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
-    const T* counts, const float* packed, const float* peaks, int64_t E, int64_t K, int64_t b,
-    int64_t p0, int plans, float* out, float* peak) {
+    const T* counts, const float* packed, const float* peaks, const int32_t* held, int64_t n,
+    int64_t E, int64_t K, int64_t b, int64_t p0, int plans, float* out, float* peak) {
   const __mmask16 lo = plans >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << plans) - 1);
   const int hi_n = std::max(0, plans - 16);
   const __mmask16 hi = hi_n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << hi_n) - 1);
   const __m512 zero = _mm512_setzero_ps();
   __m512 top0 = zero, top1 = zero;  // the peak, in the first pass
-  for (int64_t k0 = 0; k0 < K; k0 += kSumRows, packed += E * kSumRows) {
+  // (one pass at least: the peak is found in the first)
+  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += E * kSumRows) {
     __m512 acc[kSumRows][2];
     for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = held[i];
       const __m512 x0 = LoadCounts(counts + e * b + p0, lo);
       const __m512 x1 = LoadCounts(counts + e * b + p0 + 16, hi);
       if (k0 == 0) {
-        const __m512 v = _mm512_set1_ps(peaks[e]);
+        const __m512 v = _mm512_set1_ps(peaks[i]);
         top0 = _mm512_mask_max_ps(top0, _mm512_cmp_ps_mask(x0, zero, _CMP_GT_OQ), top0, v);
         top1 = _mm512_mask_max_ps(top1, _mm512_cmp_ps_mask(x1, zero, _CMP_GT_OQ), top1, v);
       }
-      const float* w = packed + e * kSumRows;
+      const float* w = packed + i * kSumRows;
       for (int j = 0; j < kSumRows; ++j) {
         const __m512 t = _mm512_set1_ps(w[j]);
         acc[j][0] = _mm512_fmadd_ps(t, x0, acc[j][0]);
@@ -505,22 +511,39 @@ void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, const f
   const int64_t tiles = (b + kSumPlans - 1) / kSumPlans;
   const bool vec = HasAvx512();
   const int64_t passes = (K + kSumRows - 1) / kSumRows;
-  std::vector<float> packed;  // [M][passes][E][kSumRows]: each pass's terms side by side
+  // Per tenant, the entries that can add to a result, and their terms and peaks packed in
+  // that order: [M][passes][E][kSumRows], each pass's terms side by side.
+  std::vector<int32_t> held;
+  std::vector<int64_t> n_held;
+  std::vector<float> packed, held_peaks;
   if (vec) {
+    held.assign(size_t(M) * E, 0);
+    n_held.assign(size_t(M), 0);
     packed.assign(size_t(M) * passes * E * kSumRows, 0.0f);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t e = 0; e < E; ++e)
-          packed[((m * passes + k / kSumRows) * E + e) * kSumRows + k % kSumRows] =
+    held_peaks.assign(size_t(M) * E, 0.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      int64_t n = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        bool adds = peaks[m * E + e] > 0.0f;
+        for (int64_t k = 0; k < K && !adds; ++k) adds = table[(m * K + k) * E + e] != 0.0f;
+        if (!adds) continue;
+        for (int64_t k = 0; k < K; ++k)
+          packed[((m * passes + k / kSumRows) * E + n) * kSumRows + k % kSumRows] =
               table[(m * K + k) * E + e];
+        held_peaks[m * E + n] = peaks[m * E + e];
+        held[m * E + n++] = int32_t(e);
+      }
+      n_held[m] = n;
+    }
   }
   ParallelChunks(M * tiles > 1 ? &pool : nullptr, M * tiles, [&](int64_t task) {
     const int64_t m = task / tiles, p0 = (task % tiles) * kSumPlans;
     const int plans = int(std::min<int64_t>(kSumPlans, b - p0));
 #if LJ_X86
     if (vec) {
-      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows, peaks + m * E,
-                 E, K, b, p0, plans, out + m * K * b, peak + m * b);
+      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows,
+                 held_peaks.data() + m * E, held.data() + m * E, n_held[m], E, K, b, p0, plans,
+                 out + m * K * b, peak + m * b);
       return;
     }
 #endif
