@@ -524,11 +524,45 @@ def test_largest_held_entry_equals_a_numpy_masked_maximum():
     for dtype in (np.uint8, np.float32):
         x = counts.astype(dtype)
         np.testing.assert_array_equal(np.asarray(jax.jit(_largest_present)(x, values)), want)
-        _, top = jax.jit(lambda c, v: native.weighted_sums(
-            c, table, v, lambda c, t, v: (jnp.zeros((m, 1, b)), _largest_present(c, v))))(
-                x, values)
-        np.testing.assert_array_equal(np.asarray(top), want)
+        out = jax.jit(lambda c, v: native.weighted_sums(
+            c, table, v, jnp.zeros((m, e)), jnp.zeros((m, e), jnp.int32), 1,
+            lambda c, t, v, w, g: (jnp.zeros((m, 1, b)), _largest_present(c, v),
+                                   jnp.zeros((m, 1, b)))))(x, values)
+        np.testing.assert_array_equal(np.asarray(out.peak), want)
     assert (want == 9e9).any() and (want[1] < 9e9).any() and (want == 0).any()
+
+
+def test_launches_regrouped_by_cost_equal_the_rows_sum():
+    """The class path sums the kernel launches' weights per launch cost (a GEMM row's
+    format, or any other row: ``throughput.launch_groups``) and prices each group once
+    (``grouped_launch_seconds``): the same seconds as ``row_roofline``'s launches summed
+    over the rows, training and serving, on the merged rows of a mixed scenario with random
+    row formats and plan factors."""
+    from libratio_jax.physics import formats as F
+    from libratio_jax.physics import throughput as T
+    from libratio_jax.physics.scenario import TRAIN
+
+    sc = _tiny_full_resolution()
+    rng = np.random.default_rng(11)
+    for m in range(2):
+        model = jax.tree.map(lambda x, m=m: x[m], sc.coarse_models)
+        prec = jnp.asarray(rng.integers(0, F.NUM_FORMATS, model.kind.shape), jnp.int32)
+        rows = T.roofline_rows(model, prec)
+        is_train = sc.workloads.mode[m] == TRAIN
+        r = T.Roofline(is_train=is_train, passes=jnp.float32(4.0),
+                       micro_batches=jnp.float32(3.0), tokens_replica=jnp.float32(1.0),
+                       sequences=jnp.float32(1.0), touched=jnp.float32(0.5),
+                       work=jnp.float32(1.0), hbm_bytes_per_second=jnp.float32(1.0),
+                       seconds_per_flop=jnp.ones(F.NUM_FORMATS),
+                       gemm_fixed_seconds=jnp.asarray(rng.random(F.NUM_FORMATS) * 1e-5,
+                                                      jnp.float32))
+        _, launches = T.row_roofline(r, rows, r.seconds_per_flop[prec],
+                                     r.gemm_fixed_seconds[prec])
+        weight, group = T.launch_groups(rows, prec, is_train)
+        by_group = jnp.zeros(T.LAUNCH_GROUPS).at[group].add(weight)[:, None]
+        got = T.grouped_launch_seconds(r, by_group, r.gemm_fixed_seconds[:, None])
+        np.testing.assert_allclose(np.asarray(got)[0], float(jnp.sum(launches)), rtol=1e-6)
+        assert float(jnp.sum(launches)) > 0
 
 
 def _tiny_full_resolution(first=_TINY_MOE):

@@ -162,8 +162,9 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
     pass (13), empty entries: as a NumPy product in float64 and as XLA's, up to float
-    rounding; the largest per-entry peak over the entries held: as NumPy's, exactly. Entries
-    with no term and a peak count; entries with neither add nothing."""
+    rounding; the largest per-entry peak over the entries held: as NumPy's, exactly; the
+    weighted sums per group of entries (entries in no group, an empty group). Entries with
+    no term and a peak count; entries with neither add nothing."""
     rng = np.random.default_rng(b * 100 + k)
     m, e = 3, 50
     counts = rng.integers(0, 256 if dtype == np.uint8 else 1000, (m, e, b)).astype(dtype)
@@ -174,18 +175,32 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     table[:, :, 5], peaks[:, 5] = 0.0, -1.0  # nothing to add (the kernel skips it)
     table[1, :, 9], peaks[1, 9] = 0.0, 0.0
 
-    def xla(c, t, v):
-        return (jnp.einsum("mke,meb->mkb", t, c.astype(jnp.float32)),
-                jnp.max(jnp.where(c > 0, v[..., None], 0.0), axis=1, initial=0.0))
+    weights = rng.normal(size=(m, e)).astype(np.float32)
+    groups = rng.integers(-1, 5, (m, e)).astype(np.int32)  # 5 groups, -1 and 4 (empty): none
+    groups[groups == 4] = 9
 
-    got, top = jax.jit(lambda c, t, v: native.weighted_sums(c, t, v, xla))(counts, table, peaks)
+    def xla(c, t, v, w, g):
+        c = c.astype(jnp.float32)
+        return (jnp.einsum("mke,meb->mkb", t, c),
+                jnp.max(jnp.where(c > 0, v[..., None], 0.0), axis=1, initial=0.0),
+                jnp.einsum("mge,meb->mgb", (g[:, None] == jnp.arange(5)[:, None]) * w[:, None],
+                           c))
+
+    got, top, by_group = jax.jit(lambda *a: native.weighted_sums(*a, 5, xla))(
+        counts, table, peaks, weights, groups)
     want = np.einsum("mke,meb->mkb", table.astype(np.float64), counts.astype(np.float64))
     scale = np.abs(table).astype(np.float64) @ np.abs(counts).astype(np.float64)
     assert got.shape == want.shape and got.dtype == jnp.float32
     assert np.all(np.abs(np.asarray(got) - want) <= 1e-5 * scale + 1e-6)
-    assert np.all(np.abs(np.asarray(xla(counts, table, peaks)[0]) - want) <= 1e-5 * scale + 1e-6)
+    assert np.all(np.abs(np.asarray(xla(counts, table, peaks, weights, groups)[0]) - want)
+                  <= 1e-5 * scale + 1e-6)
     want_top = np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
     np.testing.assert_array_equal(np.asarray(top), want_top.astype(np.float32))
+    one_hot = (groups[:, None, :] == np.arange(5)[None, :, None]) * weights[:, None, :]
+    want_groups = np.einsum("mge,meb->mgb", one_hot.astype(np.float64), counts.astype(np.float64))
+    scale = np.abs(one_hot).astype(np.float64) @ np.abs(counts).astype(np.float64)
+    assert np.all(np.abs(np.asarray(by_group) - want_groups) <= 1e-5 * scale + 1e-6)
+    assert not np.asarray(by_group)[:, 4].any()
 
 
 @needs_native

@@ -6,8 +6,9 @@
 //   lj_rows_stability  each row's entry of a [F, M, L] table at the row's format: what
 //                      stability.rows_stability computes in XLA;
 //   lj_weighted_sums   per-tenant weighted sums of the counts with a table of per-entry terms
-//                      (a batched matrix product reading one-byte counts as they are), and
-//                      the largest of a per-entry table over the entries a plan holds;
+//                      (a batched matrix product reading one-byte counts as they are), the
+//                      largest of a per-entry table over the entries a plan holds, and
+//                      weighted sums of the counts by group of entries;
 //   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
@@ -423,28 +424,90 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // out[m, k, p] = sum_e table[m, k, e] * counts[m, e, p], summed in the order of e. The
 // counts are read as they are (one byte each: no float copy of them for a matrix product).
 // With them, the held entries' peak: peaks f32 [M, E]; peak f32 [M, b]:
-// peak[m, p] = max(0, max of peaks[m, e] over the entries with counts[m, e, p] > 0).
-// Counts, terms and peaks are finite (an entry whose terms are 0 and whose peak is not
-// positive is skipped: it adds nothing).
+// peak[m, p] = max(0, max of peaks[m, e] over the entries with counts[m, e, p] > 0);
+// and sums by group: weights f32 [M, E], group s32 [M, E]; grouped f32 [M, G, b]:
+// grouped[m, g, p] = sum of weights[m, e] * counts[m, e, p] over the entries of group g (an
+// entry whose group is not in [0, G) is in none).
+// Counts, terms, peaks and weights are finite: an entry that cannot add to a result (every
+// term 0, no positive peak, no group or a weight of 0) is skipped.
 
 constexpr int kSumRows = 13;   // terms per pass (2 x 13 accumulators of 16 plans)
 constexpr int kSumPlans = 32;  // plans per task: two vectors of 16
 
+struct SumsArgs {
+  const float* table;    // [M, K, E]
+  const float* peaks;    // [M, E]
+  const float* weights;  // [M, E]
+  const int32_t* group;  // [M, E]
+  int64_t M, E, K, G, b;
+  float* out;      // [M, K, b]
+  float* peak;     // [M, b]
+  float* grouped;  // [M, G, b]
+};
+
 template <typename T>
-void SumsScalar(const T* counts, const float* table, const float* peaks, int64_t E, int64_t K,
-                int64_t b, int64_t p0, int64_t p1, float* out, float* peak) {
+void SumsScalar(const T* counts, const SumsArgs& a, int64_t m, int64_t p0, int64_t p1) {
+  const int64_t E = a.E, K = a.K, G = a.G, b = a.b;
+  const T* c = counts + m * E * b;
   for (int64_t k = 0; k < K; ++k)
     for (int64_t p = p0; p < p1; ++p) {
       float acc = 0.0f;
-      for (int64_t e = 0; e < E; ++e) acc += table[k * E + e] * float(counts[e * b + p]);
-      out[k * b + p] = acc;
+      for (int64_t e = 0; e < E; ++e) acc += a.table[(m * K + k) * E + e] * float(c[e * b + p]);
+      a.out[(m * K + k) * b + p] = acc;
     }
   for (int64_t p = p0; p < p1; ++p) {
     float top = 0.0f;
     for (int64_t e = 0; e < E; ++e)
-      if (counts[e * b + p] > 0) top = std::max(top, peaks[e]);
-    peak[p] = top;
+      if (c[e * b + p] > 0) top = std::max(top, a.peaks[m * E + e]);
+    a.peak[m * b + p] = top;
   }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t p = p0; p < p1; ++p) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < E; ++e)
+        if (a.group[m * E + e] == g) acc += a.weights[m * E + e] * float(c[e * b + p]);
+      a.grouped[(m * G + g) * b + p] = acc;
+    }
+}
+
+// A tenant's entries that can add to a result, and what the vector path reads of them.
+struct HeldEntries {
+  std::vector<int32_t> held;  // the entries that add a term or a peak, in order
+  std::vector<float> packed;  // their terms, [passes][held][kSumRows], 0 past the last term
+  std::vector<float> peaks;   // their peaks
+  std::vector<int32_t> by_group;     // the entries of each group, group by group
+  std::vector<float> group_weights;  // their weights
+  std::vector<int64_t> group_start;  // [G + 1] offsets into by_group
+};
+
+HeldEntries Hold(const SumsArgs& a, int64_t m) {
+  const int64_t E = a.E, K = a.K, G = a.G;
+  const int64_t passes = (K + kSumRows - 1) / kSumRows;
+  HeldEntries h;
+  for (int64_t e = 0; e < E; ++e) {
+    bool adds = a.peaks[m * E + e] > 0.0f;
+    for (int64_t k = 0; k < K && !adds; ++k) adds = a.table[(m * K + k) * E + e] != 0.0f;
+    if (adds) h.held.push_back(int32_t(e));
+  }
+  const int64_t n = int64_t(h.held.size());
+  h.packed.assign(size_t(std::max<int64_t>(passes, 1) * n * kSumRows), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = h.held[i];
+    for (int64_t k = 0; k < K; ++k)
+      h.packed[((k / kSumRows) * n + i) * kSumRows + k % kSumRows] = a.table[(m * K + k) * E + e];
+    h.peaks.push_back(a.peaks[m * E + e]);
+  }
+  h.group_start.assign(size_t(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    h.group_start[g] = int64_t(h.by_group.size());
+    for (int64_t e = 0; e < E; ++e)
+      if (a.group[m * E + e] == g && a.weights[m * E + e] != 0.0f) {
+        h.by_group.push_back(int32_t(e));
+        h.group_weights.push_back(a.weights[m * E + e]);
+      }
+  }
+  h.group_start[G] = int64_t(h.by_group.size());
+  return h;
 }
 
 #if LJ_X86
@@ -458,29 +521,30 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
   return _mm512_maskz_loadu_ps(mask, x);
 }
 
-// Plans p0 .. p0 + plans - 1 (at most 32) of one tenant, kSumRows terms per pass, over the
-// tenant's `n` entries `held` that can add to a result (a term not zero, or a positive peak:
-// a padding class adds nothing whatever its counts); `packed` their terms as
-// [passes][E][kSumRows] (zero past the last term), `peaks` theirs, both in `held`'s order.
+// Plans p0 .. p0 + plans - 1 (at most 32) of tenant m: kSumRows terms per pass over its held
+// entries (the peak in the first pass), then each group's sum.
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
-    const T* counts, const float* packed, const float* peaks, const int32_t* held, int64_t n,
-    int64_t E, int64_t K, int64_t b, int64_t p0, int plans, float* out, float* peak) {
+    const T* counts, const SumsArgs& a, const HeldEntries& h, int64_t m, int64_t p0,
+    int plans) {
+  const int64_t K = a.K, b = a.b, n = int64_t(h.held.size());
+  const T* c = counts + m * a.E * b + p0;
   const __mmask16 lo = plans >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << plans) - 1);
   const int hi_n = std::max(0, plans - 16);
   const __mmask16 hi = hi_n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << hi_n) - 1);
   const __m512 zero = _mm512_setzero_ps();
-  __m512 top0 = zero, top1 = zero;  // the peak, in the first pass
+  __m512 top0 = zero, top1 = zero;
+  const float* packed = h.packed.data();
   // (one pass at least: the peak is found in the first)
-  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += E * kSumRows) {
+  for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += n * kSumRows) {
     __m512 acc[kSumRows][2];
     for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t e = held[i];
-      const __m512 x0 = LoadCounts(counts + e * b + p0, lo);
-      const __m512 x1 = LoadCounts(counts + e * b + p0 + 16, hi);
+      const int64_t e = h.held[i];
+      const __m512 x0 = LoadCounts(c + e * b, lo);
+      const __m512 x1 = LoadCounts(c + e * b + 16, hi);
       if (k0 == 0) {
-        const __m512 v = _mm512_set1_ps(peaks[i]);
+        const __m512 v = _mm512_set1_ps(h.peaks[i]);
         top0 = _mm512_mask_max_ps(top0, _mm512_cmp_ps_mask(x0, zero, _CMP_GT_OQ), top0, v);
         top1 = _mm512_mask_max_ps(top1, _mm512_cmp_ps_mask(x1, zero, _CMP_GT_OQ), top1, v);
       }
@@ -492,85 +556,77 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
       }
     }
     if (k0 == 0) {
-      _mm512_mask_storeu_ps(peak + p0, lo, top0);
-      _mm512_mask_storeu_ps(peak + p0 + 16, hi, top1);
+      _mm512_mask_storeu_ps(a.peak + m * b + p0, lo, top0);
+      _mm512_mask_storeu_ps(a.peak + m * b + p0 + 16, hi, top1);
     }
-    const int64_t n = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
+    const int64_t left = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
     for (int j = 0; j < kSumRows; ++j) {
-      if (j >= n) break;
-      _mm512_mask_storeu_ps(out + (k0 + j) * b + p0, lo, acc[j][0]);
-      _mm512_mask_storeu_ps(out + (k0 + j) * b + p0 + 16, hi, acc[j][1]);
+      if (j >= left) break;
+      _mm512_mask_storeu_ps(a.out + (m * K + k0 + j) * b + p0, lo, acc[j][0]);
+      _mm512_mask_storeu_ps(a.out + (m * K + k0 + j) * b + p0 + 16, hi, acc[j][1]);
     }
+  }
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m512 s0 = zero, s1 = zero;
+    for (int64_t i = h.group_start[g]; i < h.group_start[g + 1]; ++i) {
+      const int64_t e = h.by_group[i];
+      const __m512 t = _mm512_set1_ps(h.group_weights[i]);
+      s0 = _mm512_fmadd_ps(t, LoadCounts(c + e * b, lo), s0);
+      s1 = _mm512_fmadd_ps(t, LoadCounts(c + e * b + 16, hi), s1);
+    }
+    _mm512_mask_storeu_ps(a.grouped + (m * a.G + g) * b + p0, lo, s0);
+    _mm512_mask_storeu_ps(a.grouped + (m * a.G + g) * b + p0 + 16, hi, s1);
   }
 }
 #endif
 
 template <typename T>
-void SumsAll(ffi::ThreadPool& pool, const T* counts, const float* table, const float* peaks,
-             int64_t M, int64_t E, int64_t K, int64_t b, float* out, float* peak) {
-  const int64_t tiles = (b + kSumPlans - 1) / kSumPlans;
+void SumsAll(ffi::ThreadPool& pool, const T* counts, const SumsArgs& a) {
+  const int64_t tiles = (a.b + kSumPlans - 1) / kSumPlans;
   const bool vec = HasAvx512();
-  const int64_t passes = (K + kSumRows - 1) / kSumRows;
-  // Per tenant, the entries that can add to a result, and their terms and peaks packed in
-  // that order: [M][passes][E][kSumRows], each pass's terms side by side.
-  std::vector<int32_t> held;
-  std::vector<int64_t> n_held;
-  std::vector<float> packed, held_peaks;
-  if (vec) {
-    held.assign(size_t(M) * E, 0);
-    n_held.assign(size_t(M), 0);
-    packed.assign(size_t(M) * passes * E * kSumRows, 0.0f);
-    held_peaks.assign(size_t(M) * E, 0.0f);
-    for (int64_t m = 0; m < M; ++m) {
-      int64_t n = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        bool adds = peaks[m * E + e] > 0.0f;
-        for (int64_t k = 0; k < K && !adds; ++k) adds = table[(m * K + k) * E + e] != 0.0f;
-        if (!adds) continue;
-        for (int64_t k = 0; k < K; ++k)
-          packed[((m * passes + k / kSumRows) * E + n) * kSumRows + k % kSumRows] =
-              table[(m * K + k) * E + e];
-        held_peaks[m * E + n] = peaks[m * E + e];
-        held[m * E + n++] = int32_t(e);
-      }
-      n_held[m] = n;
-    }
-  }
-  ParallelChunks(M * tiles > 1 ? &pool : nullptr, M * tiles, [&](int64_t task) {
+  std::vector<HeldEntries> held;
+  if (vec)
+    for (int64_t m = 0; m < a.M; ++m) held.push_back(Hold(a, m));
+  ParallelChunks(a.M * tiles > 1 ? &pool : nullptr, a.M * tiles, [&](int64_t task) {
     const int64_t m = task / tiles, p0 = (task % tiles) * kSumPlans;
-    const int plans = int(std::min<int64_t>(kSumPlans, b - p0));
+    const int plans = int(std::min<int64_t>(kSumPlans, a.b - p0));
 #if LJ_X86
     if (vec) {
-      SumsAvx512(counts + m * E * b, packed.data() + m * passes * E * kSumRows,
-                 held_peaks.data() + m * E, held.data() + m * E, n_held[m], E, K, b, p0, plans,
-                 out + m * K * b, peak + m * b);
+      SumsAvx512(counts, a, held[m], m, p0, plans);
       return;
     }
 #endif
-    SumsScalar(counts + m * E * b, table + m * K * E, peaks + m * E, E, K, b, p0, p0 + plans,
-               out + m * K * b, peak + m * b);
+    SumsScalar(counts, a, m, p0, p0 + plans);
   });
 }
 
 ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer<ffi::F32> table,
-                        ffi::Buffer<ffi::F32> peaks, ffi::ResultBuffer<ffi::F32> out,
-                        ffi::ResultBuffer<ffi::F32> peak) {
+                        ffi::Buffer<ffi::F32> peaks, ffi::Buffer<ffi::F32> weights,
+                        ffi::Buffer<ffi::S32> group, ffi::ResultBuffer<ffi::F32> out,
+                        ffi::ResultBuffer<ffi::F32> peak, ffi::ResultBuffer<ffi::F32> grouped) {
   const auto cd = counts.dimensions();
   const auto td = table.dimensions();
   const auto vd = peaks.dimensions();
+  const auto wd = weights.dimensions();
+  const auto gd = group.dimensions();
   const auto od = out->dimensions();
   const auto pd = peak->dimensions();
+  const auto sd = grouped->dimensions();
   if (cd.size() != 3 || td.size() != 3 || od.size() != 3 || vd.size() != 2 || pd.size() != 2 ||
-      td[0] != cd[0] || td[2] != cd[1] || od[0] != cd[0] || od[1] != td[1] || od[2] != cd[2] ||
-      vd[0] != cd[0] || vd[1] != cd[1] || pd[0] != cd[0] || pd[1] != cd[2])
+      wd.size() != 2 || gd.size() != 2 || sd.size() != 3)
+    return ffi::Error::InvalidArgument("lj_weighted_sums: ranks do not match");
+  const int64_t M = cd[0], E = cd[1], b = cd[2], K = td[1], G = sd[1];
+  if (td[0] != M || td[2] != E || od[0] != M || od[1] != K || od[2] != b || vd[0] != M ||
+      vd[1] != E || pd[0] != M || pd[1] != b || wd[0] != M || wd[1] != E || gd[0] != M ||
+      gd[1] != E || sd[0] != M || sd[2] != b)
     return ffi::Error::InvalidArgument("lj_weighted_sums: shapes do not match");
-  const int64_t M = cd[0], E = cd[1], b = cd[2], K = td[1];
+  const SumsArgs a{table.typed_data(), peaks.typed_data(), weights.typed_data(),
+                   group.typed_data(), M, E, K, G, b, out->typed_data(), peak->typed_data(),
+                   grouped->typed_data()};
   if (counts.element_type() == ffi::DataType::U8)
-    SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), table.typed_data(),
-            peaks.typed_data(), M, E, K, b, out->typed_data(), peak->typed_data());
+    SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), a);
   else if (counts.element_type() == ffi::DataType::F32)
-    SumsAll(pool, static_cast<const float*>(counts.untyped_data()), table.typed_data(),
-            peaks.typed_data(), M, E, K, b, out->typed_data(), peak->typed_data());
+    SumsAll(pool, static_cast<const float*>(counts.untyped_data()), a);
   else
     return ffi::Error::InvalidArgument("lj_weighted_sums: counts are uint8 or float32");
   return ffi::Error::Success();
@@ -611,6 +667,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjWeightedSums, WeightedSums,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 

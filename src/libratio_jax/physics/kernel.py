@@ -52,9 +52,12 @@ from libratio_jax.physics.rowclasses import (
     format_ids,
     row_pairs,
 )
-from libratio_jax.physics.scenario import Scenario
+from libratio_jax.physics.scenario import TRAIN, Scenario
 from libratio_jax.physics.stability import stability_row_terms, tenant_stability
 from libratio_jax.physics.throughput import (
+    LAUNCH_GROUPS,
+    grouped_launch_seconds,
+    launch_groups,
     roofline_factors,
     roofline_rows,
     row_roofline,
@@ -289,14 +292,18 @@ def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, cou
 def _class_rows(scenario: Scenario) -> dict:
     """The plan-independent per-entry terms the class path sums batch-last
     (:func:`_class_row_sums`), ``[M, C, F, 1]`` each: the roofline's
-    (``throughput.roofline_rows``) and each entry's ZeRO-3 gathered bytes (``-1`` where no
-    row can be); ``class_rows [M, C, 1, 1]``, the rows of each class; ``terms``, per module
-    its plan-independent row terms (``_ROW_TERMS``), ``[M, K, C, F]``."""
+    (``throughput.roofline_rows``), each entry's ZeRO-3 gathered bytes (``-1`` where no
+    row can be) and its weight and group in the launches' sum (``launch_weight``,
+    ``launch_group``: ``throughput.launch_groups``); ``class_rows [M, C, 1, 1]``, the rows of
+    each class; ``terms``, per module its plan-independent row terms (``_ROW_TERMS``),
+    ``[M, K, C, F]``."""
     models = jax.vmap(class_model)(scenario.coarse_models)
     rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
     storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
     gather = jax.vmap(layer_gather_bytes, in_axes=(0, None))(models, storage)
     rows["largest_layer"] = jnp.where(models.valid, gather, -1.0)
+    rows["launch_weight"], rows["launch_group"] = jax.vmap(launch_groups, in_axes=(0, None, 0))(
+        rows, F.FORMAT_AXIS, scenario.workloads.mode == TRAIN)
     out = {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
     coarse = scenario.coarse_models
     out["class_rows"] = jnp.where(coarse.valid, coarse.count, 0.0)[:, :, None, None]
@@ -352,28 +359,48 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # tenant (16,384 plans, no layer_stability, alternating processes: 312-418 -> 454-489 k
     # plans/s).
     r = native.fence(jax.tree.map(batch_last, r))
-    roof, launches = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
+    roof, _ = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
+    # The plan-independent terms of every module's sums, one contraction with the counts.
+    # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be), and the
+    # launches' weights summed by launch cost (throughput.launch_groups): linear in the
+    # counts, no per-entry pass of their own.
+    terms = rows["terms"]  # {module: [M, K, C, F]}
+    m, c, f, b = counts.shape
+
+    def flat(x):  # [M, C, F, 1] -> [M, C x F]
+        return x.reshape(m, c * f)
+
+    def in_xla(x, t, v, w, g):
+        x = x.astype(jnp.float32)
+        by_group = (g[:, None, :] == jnp.arange(LAUNCH_GROUPS)[:, None]) * w[:, None, :]
+        return (jnp.einsum("mke,meb->mkb", t, x), _largest_present(x, v),
+                jnp.einsum("mge,meb->mgb", by_group, x))
+
+    sums = native.weighted_sums(
+        counts.reshape(m, c * f, b),
+        jnp.concatenate(list(terms.values()), axis=1).reshape(m, -1, c * f),
+        flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"]),
+        LAUNCH_GROUPS, in_xla)
+    scalars = jax.tree.map(lambda x: x[:, 0, 0] if x.shape[2] == 1 else x[:, 0], r)  # [M(, F), b]
+
+    def launches(by_group):  # [M, LAUNCH_GROUPS, b or 1] -> [M, b]
+        return grouped_launch_seconds(scalars, by_group, scalars.gemm_fixed_seconds)
+
     # The all-BF16 baseline's sums, every row of a class in BF16 (a class's entries are its
     # rows scaled to one, the roofline positively homogeneous in them: rowclasses.
     # class_model): computed per plan on the merged rows, they cost ~0.25 µs per plan.
-    def bf16(x):
-        return class_total(rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1,
-                                                                     axis=2))
-    # The plan-independent terms of every module's sums, one contraction with the counts.
-    # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be).
-    terms = rows["terms"]  # {module: [M, K, C, F]}
-    m, c, f, b = counts.shape
-    totals, largest = native.weighted_sums(
-        counts.reshape(m, c * f, b),
-        jnp.concatenate(list(terms.values()), axis=1).reshape(m, -1, c * f),
-        rows["largest_layer"].reshape(m, c * f),
-        lambda x, t, v: (jnp.einsum("mke,meb->mkb", t, x.astype(jnp.float32)),
-                         _largest_present(x, v)))  # [M, K, b], [M, b]
+    def bf16(x):  # [M, C, F, 1 or b] -> its BF16 column weighted by the class sizes
+        return rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1, axis=2)
+
+    bf16_group = jax.lax.slice_in_dim(rows["launch_group"], F.BF16, F.BF16 + 1, axis=2)
+    bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
+        jnp.arange(m)[:, None], bf16_group[:, :, 0, 0]].add(
+            bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
     split = np.cumsum([0] + [t.shape[1] for t in terms.values()])
-    return dict(roofline=(class_total(counts * roof), class_total(counts * launches)),
-                largest_layer=largest,
-                bf16=native.fence((bf16(roof), bf16(launches))),
-                **{name: tuple(totals[:, k] for k in range(a, b))
+    return dict(roofline=(class_total(counts * roof), launches(sums.by_group)),
+                largest_layer=sums.peak,
+                bf16=native.fence((class_total(bf16(roof)), launches(bf16_groups))),
+                **{name: tuple(sums.sums[:, k] for k in range(a, b))
                    for name, a, b in zip(terms, split[:-1], split[1:], strict=True)})
 
 

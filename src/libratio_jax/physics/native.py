@@ -165,26 +165,40 @@ def _native_counts(grid, ids, start=None, size: int | None = None):
         vmap_method="sequential")(ids, grid, start))
 
 
-def weighted_sums(counts, table, peaks, xla_fn):
-    """``(float32[M, K, b], float32[M, b])``: ``sum_e table[m, k, e] * counts[m, e, p]`` for
-    counts ``[M, E, b]`` (uint8 or float32, the plans last: :func:`format_counts`' layout)
-    and per-entry terms ``table float32[M, K, E]``, and the largest of ``peaks float32[M,
-    E]`` over the entries a plan holds (``counts > 0``; at least 0, 0 for none): the native
-    kernel on the CPU when :func:`status` allows it (it reads one-byte counts as they are; a
-    matrix product in XLA needs a float copy of them), else ``xla_fn(counts, table, peaks)``,
-    which must return the same up to float rounding (the peaks exactly)."""
-    table, peaks = jnp.asarray(table, jnp.float32), jnp.asarray(peaks, jnp.float32)
+class EntrySums(NamedTuple):
+    """What :func:`weighted_sums` returns, each float32, the plans last."""
+
+    sums: jax.Array  # [M, K, b]: sum_e table[m, k, e] * counts[m, e, p]
+    peak: jax.Array  # [M, b]: the largest peak of the entries held (at least 0)
+    by_group: jax.Array  # [M, G, b]: sum of weights[m, e] * counts[m, e, p] per group
+
+
+def weighted_sums(counts, table, peaks, weights, groups, n_groups: int, xla_fn) -> EntrySums:
+    """Sums of the counts ``[M, E, b]`` (uint8 or float32, the plans last:
+    :func:`format_counts`' layout) over each tenant's entries: weighted by each term of
+    ``table float32[M, K, E]``; the largest of ``peaks float32[M, E]`` over the entries a
+    plan holds (``counts > 0``; at least 0, 0 for none); weighted by ``weights float32[M, E]``
+    within each group (``groups int32[M, E]`` in ``[0, n_groups)``; other ids: no group).
+    The native kernel on the CPU when :func:`status` allows it (it reads one-byte counts as
+    they are; a matrix product in XLA needs a float copy of them), else ``xla_fn(counts,
+    table, peaks, weights, groups)``, which must return the same (an :class:`EntrySums`) up
+    to float rounding, the peaks exactly. Inputs are finite."""
+    table, peaks, weights = (jnp.asarray(x, jnp.float32) for x in (table, peaks, weights))
+    groups = jnp.asarray(groups, jnp.int32)
     if not status().sums:
-        return xla_fn(counts, table, peaks)
-    return _cpu_only(_native_sums, xla_fn, counts, table, peaks)
+        return EntrySums(*xla_fn(counts, table, peaks, weights, groups))
+    return EntrySums(*_cpu_only(functools.partial(_native_sums, n_groups=n_groups),
+                                lambda *a: tuple(xla_fn(*a)), counts, table, peaks, weights,
+                                groups))
 
 
-def _native_sums(counts, table, peaks):
+def _native_sums(counts, table, peaks, weights, groups, n_groups: int):
     m, _, b = counts.shape
     return tuple(jax.ffi.ffi_call(
         "lj_weighted_sums", (_result(counts, (m, table.shape[1], b), jnp.float32),
-                             _result(counts, (m, b), jnp.float32)),
-        vmap_method="sequential")(counts, table, peaks))
+                             _result(counts, (m, b), jnp.float32),
+                             _result(counts, (m, n_groups, b), jnp.float32)),
+        vmap_method="sequential")(counts, table, peaks, weights, groups))
 
 
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
@@ -271,15 +285,22 @@ def _self_check(counts: bool) -> None:
         raise RuntimeError("lj_rows_stability differs from NumPy indexing")
     terms = rng.normal(size=(m, 14, l)).astype(np.float32)  # 14 terms: two of its passes
     peaks = rng.normal(size=(m, l)).astype(np.float32)
+    weights = rng.normal(size=(m, l)).astype(np.float32)
+    groups = rng.integers(-1, 4, (m, l)).astype(np.int32)  # -1: no group
     for dtype in (np.uint8, np.float32):
-        weights = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
-        weights[:, :, :3] = 0  # plans holding nothing
-        got, top = (np.asarray(x) for x in jax.jit(_native_sums)(weights, terms, peaks))
-        want = np.einsum("mke,meb->mkb", terms.astype(np.float64), weights.astype(np.float64))
-        want_top = np.max(np.where(weights > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
+        counts = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
+        counts[:, :, :3] = 0  # plans holding nothing
+        got, top, by_group = (np.asarray(x) for x in jax.jit(functools.partial(
+            _native_sums, n_groups=4))(counts, terms, peaks, weights, groups))
+        c64 = counts.astype(np.float64)
+        want = np.einsum("mke,meb->mkb", terms.astype(np.float64), c64)
+        want_top = np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
+        one_hot = (groups[:, None, :] == np.arange(4)[None, :, None]) * weights[:, None, :]
+        want_groups = np.einsum("mge,meb->mgb", one_hot.astype(np.float64), c64)
         if not (np.allclose(got, want, rtol=1e-5, atol=1e-3)
-                and np.array_equal(top, want_top.astype(np.float32))):
-            raise RuntimeError("lj_weighted_sums differs from a NumPy product and maximum")
+                and np.array_equal(top, want_top.astype(np.float32))
+                and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)):
+            raise RuntimeError("lj_weighted_sums differs from NumPy's products and maximum")
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")

@@ -210,6 +210,36 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
             jnp.where(rows["valid"], launch_count * fixed, 0.0))
 
 
+# The launches' sum of row_roofline grouped by launch cost: a GEMM row launches at its
+# format's fixed cost (group = its format), any other row at KERNEL_LAUNCH_SECONDS (group
+# NUM_FORMATS). A caller that sums weights per group (the class path, native.weighted_sums)
+# gets the same sum as row_roofline's, regrouped (tests/test_kernel.py).
+LAUNCH_GROUPS = F.NUM_FORMATS + 1
+
+
+def launch_groups(rows: dict, precision, is_train):
+    """Per row (shaped like ``precision``; ``rows`` its :func:`roofline_rows`), its weight in
+    the launches' sum, GEMM instances when training (``is_train``) and the row's count when
+    serving (0 for an invalid row), and its group: its format for a GEMM row, ``NUM_FORMATS``
+    for the others."""
+    weight = jnp.where(rows["valid"], jnp.where(is_train, rows["gemm_instances"], rows["count"]),
+                       0.0)
+    group = jnp.where(rows["is_gemm"], jnp.asarray(precision, jnp.int32), F.NUM_FORMATS)
+    return weight, group
+
+
+def grouped_launch_seconds(r: Roofline, by_group, gemm_fixed_seconds):
+    """The launches' seconds of :func:`row_roofline` summed over the rows, from the weights of
+    :func:`launch_groups` summed per group (``by_group [..., LAUNCH_GROUPS, n]``) and each
+    format's fixed GEMM seconds (``gemm_fixed_seconds [..., F, n]``); ``r``'s scalars
+    ``[..., n]``: ``reads x sum_g by_group[g] x fixed[g]``, ``reads`` the passes times the
+    micro-batches when training, else 1."""
+    fixed = jnp.concatenate([gemm_fixed_seconds, jnp.full_like(gemm_fixed_seconds[..., :1, :],
+                                                               KERNEL_LAUNCH_SECONDS)], axis=-2)
+    reads = jnp.where(r.is_train, r.passes * r.micro_batches, 1.0)
+    return reads * jnp.sum(fixed * by_group, axis=-2)
+
+
 def step_row_terms(model: A.ModelSpec, precision, *, autocast: bool = False) -> list:
     """The plan-independent per-row terms :func:`tenant_step_time` sums over the rows
     (shaped like ``precision``): gradient bytes, activation bytes per token saved inside the
