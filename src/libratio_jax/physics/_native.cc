@@ -497,16 +497,24 @@ HeldEntries Hold(const SumsArgs& a, int64_t m) {
       h.packed[((k / kSumRows) * n + i) * kSumRows + k % kSumRows] = a.table[(m * K + k) * E + e];
     h.peaks.push_back(a.peaks[m * E + e]);
   }
+  // entries bucketed by group in one pass: counted, offsets, then placed in order
   h.group_start.assign(size_t(G + 1), 0);
-  for (int64_t g = 0; g < G; ++g) {
-    h.group_start[g] = int64_t(h.by_group.size());
-    for (int64_t e = 0; e < E; ++e)
-      if (a.group[m * E + e] == g && a.weights[m * E + e] != 0.0f) {
-        h.by_group.push_back(int32_t(e));
-        h.group_weights.push_back(a.weights[m * E + e]);
-      }
-  }
-  h.group_start[G] = int64_t(h.by_group.size());
+  auto in_group = [&](int64_t e) {
+    const int32_t g = a.group[m * E + e];
+    return g >= 0 && g < G && a.weights[m * E + e] != 0.0f;
+  };
+  for (int64_t e = 0; e < E; ++e)
+    if (in_group(e)) ++h.group_start[a.group[m * E + e] + 1];
+  for (int64_t g = 0; g < G; ++g) h.group_start[g + 1] += h.group_start[g];
+  h.by_group.resize(size_t(h.group_start[G]));
+  h.group_weights.resize(size_t(h.group_start[G]));
+  std::vector<int64_t> next(h.group_start.begin(), h.group_start.end() - 1);
+  for (int64_t e = 0; e < E; ++e)
+    if (in_group(e)) {
+      const int64_t i = next[a.group[m * E + e]]++;
+      h.by_group[i] = int32_t(e);
+      h.group_weights[i] = a.weights[m * E + e];
+    }
   return h;
 }
 
