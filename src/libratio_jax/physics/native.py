@@ -11,9 +11,10 @@ the CPU:
 - ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
   64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters),
   a chunk of a batch read where it lies;
-- ``lj_weighted_sums``: the counts summed against a table of per-entry terms
+- ``lj_weighted_sums``: the counts summed against a table of per-entry terms, the largest
+  of a per-entry table over the entries a plan holds, and weighted sums per group of entries
   (:func:`weighted_sums`), reading one-byte counts as they are (XLA's matrix products need a
-  float copy of them);
+  float copy of them) and skipping the entries that cannot add to a result;
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
