@@ -333,9 +333,10 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     sanitized integer fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``, any numeric
     dtype), ``rows`` of :func:`_class_rows`. Written per plan inside ``vmap``, these sums
     made XLA transpose the counts to the plans' axis first and write every entry's terms
-    before a contraction (~1.5 µs per plan on the 2-core machine); here they are a few fused
-    elementwise passes over the batch-last counts (``rowclasses.class_total``) and one
-    product (``native.weighted_sums``)."""
+    before a contraction (~1.5 µs per plan on the 2-core machine); here they are one native
+    pass over the counts (``native.weighted_sums``: the row terms' sums, the largest held
+    entry, the launches' weights per launch cost) and the roofline's fused elementwise pass
+    over the batch-last counts (``rowclasses.class_total``)."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
         return roofline_factors(workload, pool, dp, recompute, mb,
