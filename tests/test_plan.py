@@ -327,7 +327,7 @@ def test_divides_is_python_remainder_on_hostile_integers():
     n = np.where(rng.random(d.size) < 0.5, np.abs(d) * q, rng.integers(0, INT_LIMIT + 1, d.size))
     n[-len(edges):] = edges[:, 1]
     want = np.array([(b == 0 and a == 0) or (b != 0 and int(np.fmod(a, b)) == 0)
-                     for a, b in zip(n.tolist(), d.tolist())])
+                     for a, b in zip(n.tolist(), d.tolist(), strict=True)])
     got = np.asarray(jax.jit(_divides)(d.astype(np.int32), n.astype(np.int32)))
     np.testing.assert_array_equal(got, want)
     assert 0.2 < want.mean() < 0.8

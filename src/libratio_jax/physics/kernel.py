@@ -390,12 +390,14 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # The all-BF16 baseline's sums, every row of a class in BF16 (a class's entries are its
     # rows scaled to one, the roofline positively homogeneous in them: rowclasses.
     # class_model): computed per plan on the merged rows, they cost ~0.25 µs per plan.
-    def bf16(x):  # [M, C, F, 1 or b] -> its BF16 column weighted by the class sizes
-        return rows["class_rows"] * jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1, axis=2)
+    def bf16_column(x):  # [M, C, F, 1 or b] -> [M, C, 1, 1 or b]
+        return jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1, axis=2)
 
-    bf16_group = jax.lax.slice_in_dim(rows["launch_group"], F.BF16, F.BF16 + 1, axis=2)
+    def bf16(x):  # the BF16 column weighted by the class sizes
+        return rows["class_rows"] * bf16_column(x)
+
     bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
-        jnp.arange(m)[:, None], bf16_group[:, :, 0, 0]].add(
+        jnp.arange(m)[:, None], bf16_column(rows["launch_group"])[:, :, 0, 0]].add(
             bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
     split = np.cumsum([0] + [t.shape[1] for t in terms.values()])
     return dict(roofline=(class_total(counts * roof), launches(sums.by_group)),
