@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
-from libratio_jax.physics import kernel
+from libratio_jax.physics import formats as F
+from libratio_jax.physics import kernel, native
 from libratio_jax.physics.kernel import (
     _pack_plan,
     _packed_scenario,
@@ -258,14 +259,25 @@ def test_class_total_equals_a_numpy_reduction(shape):
         x.max(axis=(1, 2)))
 
 
+@pytest.mark.parametrize("form", ["numpy", "native"])
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int16])
-def test_compact_entries_against_a_python_count(dtype):
+def test_compact_entries_against_a_python_count(dtype, form):
     """One host plan's (class, format) entries against a plain-Python walk of its rows: in
     the smallest capacity that holds them, each tenant's entries are its used pairs in order
     with their row counts, every row's pair number is its (tenant, class, format) (rows of
     no class numbered after every class pair, by tenant and format), and a tenant with more
-    pairs than the largest capacity gives None."""
+    pairs than the largest capacity gives None: by NumPy (``rowclasses.compact_entries``)
+    and by the extension's one call (``native.compact_pairs``, where it is built)."""
     from libratio_jax.physics.rowclasses import ENTRY_SHIFT, compact_entries, row_pairs
+
+    if form == "native":
+        if not native.status().compact:
+            pytest.skip(native.status().reason)
+
+        def compact_entries(pairs, prec):  # noqa: F811 (the native form under test)
+            got = native.compact_pairs(pairs.base, prec, pairs.code.shape[1], pairs.capacities)
+            assert got is not NotImplemented
+            return got
 
     sc = _mixed()
     grid, l = np.asarray(sc.row_classes), sc.num_layers
@@ -424,7 +436,6 @@ def test_rows_layer_stability_equals_a_numpy_reference(dtype, batched):
     ``exp(-u_f / (tol_kind x 3 if serving))``, x 0.9 for FP16 in training, 1 for padding
     rows and absent tenants, BF16 for the rows of an invalid tenant and format 0 for an id
     outside ``[0, F)`` (non-integral, NaN, negative, too large) of a valid one."""
-    from libratio_jax.physics import formats as F
     from libratio_jax.physics import stability as S
 
     sc = _tiny_full_resolution()
@@ -478,7 +489,6 @@ def test_class_extrema_read_only_the_formats_a_plan_holds():
     class of rows, or one row, in FP32 (the largest layer bytes) or in FP8 (an FP8 embedding
     diverges): the class path equals the row-by-row physics, and both kinds of verdict
     occur."""
-    from libratio_jax.physics import formats as F
     from libratio_jax.physics.architecture import EMBEDDING, MLP_IN
 
     sc = _tiny_full_resolution()
@@ -538,7 +548,6 @@ def test_launches_regrouped_by_cost_equal_the_rows_sum():
     (``grouped_launch_seconds``): the same seconds as ``row_roofline``'s launches summed
     over the rows, training and serving, on the merged rows of a mixed scenario with random
     row formats and plan factors."""
-    from libratio_jax.physics import formats as F
     from libratio_jax.physics import throughput as T
     from libratio_jax.physics.scenario import TRAIN
 
@@ -573,22 +582,32 @@ def _tiny_full_resolution(first=_TINY_MOE):
         max_tenants=3, max_layers=80)
 
 
-def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
+@pytest.mark.parametrize("form", ["native", "numpy"])
+def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request, form):
     """With inline CPU dispatch, one validated host plan at full resolution (from the
     scenario's second call on) is evaluated by its (class, format) entries, in the program of
     the smallest entry capacity that holds them, on the scenario without its rows (every
     argument at most ``SEQUENTIAL_BUFFER_BYTES``), with ``layer_stability`` spread back over
     the rows: the metrics equal the rows' physics. A plan whose tenant uses more pairs than
-    the largest capacity is evaluated by its rows."""
+    the largest capacity is evaluated by its rows. Its entries compacted by the extension's
+    one call (``native.compact_pairs``) or by NumPy (``rowclasses.compact_entries``)."""
     # inline dispatch, forced (the backend is up): programs made while forced are dropped
     monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
     monkeypatch.setattr(kernel, "entry_capacities", lambda m: (16, 24))
     kernel._program.cache_clear()
     request.addfinalizer(kernel._program.cache_clear)
-    taken = []
-    compact = kernel.compact_entries
-    monkeypatch.setattr(kernel, "compact_entries",
-                        lambda *a: taken.append(compact(*a)) or taken[-1])
+    taken = []  # the entries compacted: natively where built, else (or when off) by NumPy
+    if form == "native" and not native.status().compact:
+        pytest.skip(native.status().reason)
+    if form == "native":
+        compact = native.compact_pairs
+        monkeypatch.setattr(native, "compact_pairs",
+                            lambda *a: taken.append(compact(*a)) or taken[-1])
+    else:
+        monkeypatch.setattr(native, "compact_pairs", lambda *a: NotImplemented)
+        compact = kernel.compact_entries
+        monkeypatch.setattr(kernel, "compact_entries",
+                            lambda *a: taken.append(compact(*a)) or taken[-1])
     sc = _tiny_full_resolution("tiny-llama")  # 39 rows in 12 classes per tenant
     prec = np.array(sample_plans(sc, 4, seed=4, per_layer=False).precision)  # 12 pairs each
     prec[1, 0, 5:9] = [0, 4, 7, 11]  # a few rows of one tenant in other formats: 16 pairs
@@ -612,6 +631,17 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request):
     assert [None if t is None else t[0].shape[1] for t in taken] == [16] * 4 + [24] * 2 + [None] * 2
 
 
+def _spoil(rng, sc, plan, fields) -> None:
+    """One of ``fields`` of the host ``plan`` set in place to a value drawn around its domain:
+    a tenant's integer in [-2, 40), or a row's format id beyond every format."""
+    field = rng.choice(fields)
+    if field == "precision":
+        plan.precision[rng.integers(sc.num_tenants), rng.integers(sc.num_layers)] = rng.choice(
+            [F.NUM_FORMATS, 200])
+    else:
+        getattr(plan, field)[rng.integers(sc.num_tenants)] = rng.integers(-2, 40)
+
+
 def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):
     """With inline CPU dispatch one host plan's rules are checked in its program
     (``plan.breaks_rules``): on randomly spoiled plans, coarse and at full resolution,
@@ -631,9 +661,8 @@ def test_one_host_plan_checks_its_rules_in_its_program(monkeypatch, request):
         for b in range(24):
             p = jax.tree.map(lambda x, b=b: x[b].copy(), plans)
             for _ in range(rng.integers(0, 3)):  # none, one or two spoiled fields
-                field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
-                                    "kv_precision", "recompute"])
-                getattr(p, field)[rng.integers(sc.num_tenants)] = rng.integers(-2, 40)
+                _spoil(rng, sc, p, ["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
+                                    "kv_precision", "recompute", "precision"])
             try:
                 validate_plan(sc, p)
                 expected = None
@@ -692,8 +721,8 @@ def test_one_unvalidated_or_device_plan_takes_the_host_path(monkeypatch, request
         for b in range(16):
             p = jax.tree.map(lambda x, b=b: x[b].copy(), plans)
             for _ in range(rng.integers(0, 3)):  # none, one or two spoiled fields
-                field = rng.choice(["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch"])
-                getattr(p, field)[rng.integers(sc.num_tenants)] = rng.integers(-2, 40)
+                _spoil(rng, sc, p, ["gpus", "tp", "pp", "zero_stage", "pool", "micro_batch",
+                                    "precision"])
             spoiled.append(p)
             calls.clear()
             got.append(lj.evaluate(sc, p, validate=False))

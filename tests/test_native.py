@@ -33,10 +33,10 @@ def test_the_extension_is_built_where_a_compiler_is():
     if not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler here: the package runs the XLA forms")
     assert native._extension is not None, NATIVE.reason
-    assert NATIVE.fence and NATIVE.rows and NATIVE.sums, NATIVE.reason
+    assert NATIVE.fence and NATIVE.rows and NATIVE.sums and NATIVE.compact, NATIVE.reason
     assert NATIVE.counts == native._extension.cpu()["avx512_vbmi"]
     assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence
-                                     and NATIVE.sums)
+                                     and NATIVE.sums and NATIVE.compact)
     if platform.machine() not in ("x86_64", "AMD64"):
         assert not NATIVE.counts
 
@@ -238,6 +238,45 @@ def test_fence_is_an_identity(dtype):
         chex.assert_trees_all_close(g, 2 * x)
 
 
+@needs_native
+def test_compact_pairs_refuses_what_it_cannot_read():
+    """``native.compact_pairs`` (one host plan's entries) gives NumPy's entries for every
+    integer type of ids, and ``NotImplemented`` (the caller's NumPy form, after validation)
+    for an id out of ``[0, F)`` of any type (negative, or an unsigned one beyond int64), an
+    array in Fortran order, non-native byte order, a wrong shape or a non-integer dtype;
+    ``None`` when a tenant's pairs exceed every capacity."""
+    from libratio_jax.physics.rowclasses import compact_entries, row_pairs
+
+    rng = np.random.default_rng(5)
+    m, l, c = 2, 30, 4
+    grid = np.full((m, c, 8), l, np.int32)
+    for t in range(m):
+        grid[t, :, :6] = rng.permutation(l)[:c * 6].reshape(c, 6)
+    pairs = row_pairs(grid, l, (3, 6))
+    prec = rng.integers(0, 2, (m, l))  # at most 4 classes x 2 formats = 8 pairs a tenant
+    prec[:, :4] = 0
+
+    def compact(x, caps=pairs.capacities):
+        return native.compact_pairs(pairs.base, x, c * F.NUM_FORMATS, caps)
+
+    for dtype in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"):
+        want, got = compact_entries(pairs, prec.astype(dtype)), compact(prec.astype(dtype))
+        for x, y in zip(want or (), got or (), strict=True):
+            np.testing.assert_array_equal(x, y)
+        assert (want is None) == (got is None)
+    assert compact(prec, (1,)) is None
+    for bad in (-1, F.NUM_FORMATS, 127):
+        spoiled = prec.astype("i1")
+        spoiled[1, 5] = bad
+        assert compact(spoiled) is NotImplemented
+    beyond = prec.astype("u8")
+    beyond[0, 0] = 2**63 + 1
+    assert compact(beyond) is NotImplemented
+    for other in (np.asfortranarray(prec), prec.astype(">i4"), prec[:, :-1], prec.T,
+                  prec.astype(np.float32), prec.astype(bool)):
+        assert compact(other) is NotImplemented
+
+
 def test_status_says_why_the_xla_forms_run(monkeypatch):
     """``LIBRATIO_NATIVE=0``, a missing extension or a failed self-check turn every native
     kernel off, with the reason; the status is computed once per process."""
@@ -245,7 +284,7 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
         native.status.cache_clear()
         monkeypatch.setenv(native.ENV_SWITCH, "0")
         off = native.status()
-        assert not (off.counts or off.rows or off.fence or off.sums)
+        assert not (off.counts or off.rows or off.fence or off.sums or off.compact)
         assert native.ENV_SWITCH in off.reason
         monkeypatch.delenv(native.ENV_SWITCH)
         native.status.cache_clear()
@@ -293,7 +332,7 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
         wide = run(sc, plans.replace(precision=prec.astype(np.int32)))
         chex.assert_trees_all_close(wide, with_native, rtol=1e-6)
     monkeypatch.setattr(native, "status", lambda: native.NativeStatus(
-        False, False, False, False, "off in this test"))
+        False, False, False, False, False, "off in this test"))
     jax.clear_caches()  # else the traced program of the same function is reused
     run = jax.jit(kernel.evaluate_batch)
     without = run(sc, plans)

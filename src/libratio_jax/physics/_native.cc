@@ -685,6 +685,137 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 // ---------------------------------------------------------------------------------------
+// compact(base, precision, pair, entries, class_pairs, capacities) -> capacity: one host
+// plan's (class, format) entries, what rowclasses.compact_entries computes with NumPy (one
+// call instead of ~10 NumPy calls; a single plan's call is latency-bound). base intp[M, L]
+// (a row's pair number in format 0), precision [M, L] (any integer type, C order), pair
+// intp[M, L] (written: base + precision), entries int32[>= M * max(capacities)] (written:
+// the first M * capacity as [M, capacity], each tenant's used class pairs in ascending order,
+// (pair % class_pairs) << 16 | rows, then zeros). capacities: ascending ints. Returns the
+// smallest capacity that holds every tenant's pairs; 0 when none does; -1 when a format id
+// lies outside [0, kFormats) (nothing useful written: the caller validates, which raises);
+// None when an argument is not of the kinds above (the caller falls back to NumPy).
+
+// Pair numbers (base + id) and per-pair row counts of ids of type T; false when an id lies
+// outside [0, kFormats).
+template <typename T>
+static bool PairCounts(const T* ids, const int64_t* base, int64_t n_rows, int64_t class_numbers,
+                       int64_t* pair, int32_t* counts) {
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id < 0 || id >= kFormats) return false;  // (an unsigned id beyond int64 reads < 0)
+    const int64_t n = base[i] + id;
+    pair[i] = n;
+    if (n >= 0 && n < class_numbers) ++counts[n];
+  }
+  return true;
+}
+
+// The integer format code of a native-order buffer format ("i", "=i", "<q"...), 0 if none.
+static char IntCode(const char* format, Py_ssize_t itemsize) {
+  if (!format) return 'B';
+  if (format[0] == '@' || format[0] == '=' ||
+      (format[0] == '<' && PY_LITTLE_ENDIAN) || (format[0] == '>' && !PY_LITTLE_ENDIAN))
+    ++format;
+  const char c = format[0];
+  if (!c || format[1]) return 0;
+  const char* codes = "bBhHiIlLqQ";
+  if (!std::strchr(codes, c)) return 0;
+  if ((c == 'l' || c == 'L') && itemsize != 8) return 0;
+  return c;
+}
+
+static bool IsInt64(const Py_buffer& v) {
+  const char c = IntCode(v.format, v.itemsize);
+  return v.itemsize == 8 && (c == 'l' || c == 'q');
+}
+
+struct BufferView {  // a Py_buffer released on scope exit
+  Py_buffer view{};
+  bool held = false;
+  bool Get(PyObject* obj, int flags) {
+    held = PyObject_GetBuffer(obj, &view, flags) == 0;
+    if (!held) PyErr_Clear();
+    return held;
+  }
+  ~BufferView() {
+    if (held) PyBuffer_Release(&view);
+  }
+};
+
+static PyObject* Compact(PyObject*, PyObject* args) {
+  PyObject *base_obj, *prec_obj, *pair_obj, *entries_obj, *caps_obj;
+  Py_ssize_t class_pairs;
+  if (!PyArg_ParseTuple(args, "OOOOnO", &base_obj, &prec_obj, &pair_obj, &entries_obj,
+                        &class_pairs, &caps_obj))
+    return nullptr;
+  BufferView base, prec, pair, entries;
+  const int in = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, out = in | PyBUF_WRITABLE;
+  if (!base.Get(base_obj, in) || !prec.Get(prec_obj, in) || !pair.Get(pair_obj, out) ||
+      !entries.Get(entries_obj, out) || !PyTuple_Check(caps_obj))
+    Py_RETURN_NONE;
+  const char prec_code = IntCode(prec.view.format, prec.view.itemsize);
+  if (base.view.ndim != 2 || prec.view.ndim != 2 || pair.view.ndim != 2 || !prec_code ||
+      !IsInt64(base.view) || !IsInt64(pair.view) ||
+      IntCode(entries.view.format, entries.view.itemsize) != 'i' || entries.view.itemsize != 4)
+    Py_RETURN_NONE;
+  const Py_ssize_t m = base.view.shape[0], l = base.view.shape[1];
+  if (prec.view.shape[0] != m || prec.view.shape[1] != l || pair.view.shape[0] != m ||
+      pair.view.shape[1] != l || class_pairs <= 0 || l >= (1 << 16))
+    Py_RETURN_NONE;
+  const Py_ssize_t n_caps = PyTuple_GET_SIZE(caps_obj);
+  std::vector<Py_ssize_t> caps(n_caps);
+  for (Py_ssize_t k = 0; k < n_caps; ++k) {
+    caps[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(caps_obj, k));
+    if (caps[k] < 0 || (k && caps[k] < caps[k - 1])) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+  }
+  const Py_ssize_t most = n_caps ? caps[n_caps - 1] : 0;
+  if (entries.view.len / 4 < m * most) Py_RETURN_NONE;
+  const int64_t* b = static_cast<const int64_t*>(base.view.buf);
+  int64_t* p = static_cast<int64_t*>(pair.view.buf);
+  const void* f = prec.view.buf;
+  std::vector<int32_t> counts(static_cast<size_t>(m * class_pairs), 0);
+  const int64_t n = static_cast<int64_t>(m) * l, numbers = static_cast<int64_t>(m) * class_pairs;
+  int32_t* c = counts.data();
+  bool ok;
+  switch (prec_code) {
+    case 'b': ok = PairCounts(static_cast<const int8_t*>(f), b, n, numbers, p, c); break;
+    case 'B': ok = PairCounts(static_cast<const uint8_t*>(f), b, n, numbers, p, c); break;
+    case 'h': ok = PairCounts(static_cast<const int16_t*>(f), b, n, numbers, p, c); break;
+    case 'H': ok = PairCounts(static_cast<const uint16_t*>(f), b, n, numbers, p, c); break;
+    case 'i': ok = PairCounts(static_cast<const int32_t*>(f), b, n, numbers, p, c); break;
+    case 'I': ok = PairCounts(static_cast<const uint32_t*>(f), b, n, numbers, p, c); break;
+    case 'l': case 'q': ok = PairCounts(static_cast<const int64_t*>(f), b, n, numbers, p, c); break;
+    default: ok = PairCounts(static_cast<const uint64_t*>(f), b, n, numbers, p, c); break;
+  }
+  if (!ok) return PyLong_FromLong(-1);
+  Py_ssize_t used_most = 0;
+  for (Py_ssize_t t = 0; t < m; ++t) {
+    Py_ssize_t used = 0;
+    for (Py_ssize_t j = 0; j < class_pairs; ++j) used += counts[t * class_pairs + j] != 0;
+    used_most = std::max(used_most, used);
+  }
+  Py_ssize_t cap = 0;
+  for (Py_ssize_t k = 0; k < n_caps && !cap; ++k)
+    if (caps[k] >= used_most) cap = caps[k];
+  if (!cap) return PyLong_FromLong(0);
+  int32_t* e = static_cast<int32_t*>(entries.view.buf);
+  for (Py_ssize_t t = 0; t < m; ++t) {
+    int32_t* row = e + t * cap;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t j = 0; j < class_pairs; ++j) {
+      const int32_t c = counts[t * class_pairs + j];
+      if (c) row[k++] = static_cast<int32_t>((j << 16) | c);
+    }
+    std::fill(row + k, row + cap, 0);
+  }
+  return PyLong_FromSsize_t(cap);
+}
+
+// ---------------------------------------------------------------------------------------
 // The Python module: handlers() -> {target name: PyCapsule}, cpu() -> {feature: bool}.
 
 static PyObject* Handlers(PyObject*, PyObject*) {
@@ -717,6 +848,7 @@ static PyObject* Cpu(PyObject*, PyObject*) {
 static PyMethodDef kMethods[] = {
     {"handlers", Handlers, METH_NOARGS, "XLA FFI handlers: {target name: PyCapsule}."},
     {"cpu", Cpu, METH_NOARGS, "The CPU features the kernels use, and their format count."},
+    {"compact", Compact, METH_VARARGS, "One host plan's (class, format) entries (see above)."},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_native",

@@ -36,6 +36,7 @@ from libratio_jax.physics.plan import (
     INT_LIMIT,
     Plan,
     breaks_rules,
+    format_ids_in_range,
     gate_fields,
     sanitize_fields,
     sanitize_plan,
@@ -854,13 +855,16 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     if inline and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
         plan = _on_host(plan)
     one_host_plan = inline and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
-    if validate:
-        validate_plan(scenario, plan, rules=not one_host_plan)
-    elif one_host_plan:  # unvalidated: the host path if its shapes, dtypes and ids would pass
+    if not one_host_plan:
+        if validate:
+            validate_plan(scenario, plan)
+    else:  # its shapes and dtypes here, its format ids and rules on its path (below)
         try:
-            validate_plan(scenario, plan, rules=False)
+            validate_plan(scenario, plan, rules=False, ids=False)
         except ValueError:
-            one_host_plan = False
+            if validate:
+                raise
+            one_host_plan = False  # unvalidated: the host path only if they would pass
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
@@ -876,7 +880,7 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
         if out is not None:
             return out
         if validate:
-            validate_plan(scenario, plan)  # the rules, on the host
+            validate_plan(scenario, plan)  # the format ids and rules, on the host
     packed_plan = _pack_plan(plan) if validate else None  # validated integers (as int32 in jit)
     program = _program(tuple(shape[:-2]), *shape[-2:], n_pools, layout, packed_plan is not None,
                        bool(layer_stability))
@@ -978,8 +982,13 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     packed = _SCENARIO_ARGS[id(scenario)][1]
     m, l = plan.precision.shape
     pairs = packed.pairs
-    compact = (compact_entries(pairs, plan.precision)
-               if pairs is not None and pairs.capacities else None)
+    by_pairs = pairs is not None and pairs.capacities
+    compact = (native.compact_pairs(pairs.base, plan.precision, pairs.code.shape[1],
+                                    pairs.capacities) if by_pairs else NotImplemented)
+    if compact is NotImplemented:  # its format ids not read yet
+        if not format_ids_in_range(plan.precision):
+            return None  # the caller validates (which raises) or sanitizes them
+        compact = compact_entries(pairs, plan.precision) if by_pairs else None
     if compact is not None:
         entries, pair = compact
         layout, arrays = packed.entry_args

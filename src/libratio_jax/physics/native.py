@@ -57,7 +57,8 @@ class NativeStatus(NamedTuple):
     rows: bool  # lj_rows_stability
     fence: bool  # lj_fence
     sums: bool  # lj_weighted_sums
-    reason: str  # "" when all four are used, else why not (or not all)
+    compact: bool  # compact_pairs (one host plan's entries; no XLA)
+    reason: str  # "" when all are used, else why not (or not all)
 
 
 @functools.cache
@@ -66,15 +67,15 @@ def status() -> NativeStatus:
     this process: the native kernels after a one-time check that they load, run and agree
     with NumPy on a small hostile batch, else the XLA forms (``reason`` says why)."""
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
-        return NativeStatus(False, False, False, False, f"disabled by {ENV_SWITCH}=0")
+        return NativeStatus(False, False, False, False, False, f"disabled by {ENV_SWITCH}=0")
     if _extension is None:
-        return NativeStatus(False, False, False, False,
+        return NativeStatus(False, False, False, False, False,
                             "the extension libratio_jax.physics._native is not built")
     from libratio_jax.physics import formats as F
 
     cpu = _extension.cpu()
     if cpu["formats"] != F.NUM_FORMATS:
-        return NativeStatus(False, False, False, False,
+        return NativeStatus(False, False, False, False, False,
                             f"the extension counts {cpu['formats']} formats, not "
                             f"{F.NUM_FORMATS}: rebuild it")
     try:
@@ -83,10 +84,10 @@ def status() -> NativeStatus:
         with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
             _self_check(bool(cpu["avx512_vbmi"]))
     except Exception as e:  # any failure: the XLA forms, and the reason kept
-        return NativeStatus(False, False, False, False,
+        return NativeStatus(False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
     counts = bool(cpu["avx512_vbmi"])
-    return NativeStatus(counts, True, True, True,
+    return NativeStatus(counts, True, True, True, True,
                         "" if counts else "this CPU has no AVX-512 VBMI: counts in XLA")
 
 
@@ -202,6 +203,27 @@ def _native_sums(counts, table, peaks, weights, groups, n_groups: int):
         vmap_method="sequential")(counts, table, peaks, weights, groups))
 
 
+def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]):
+    """One host plan's entries, as ``rowclasses.compact_entries`` makes them with NumPy, in
+    one native call (a single plan's call is latency-bound: ~10 NumPy calls took ~15-40 µs,
+    this ~4): ``(entries int32[M, capacity], pair intp[M, L])`` of ``base intp[M, L]`` (a
+    row's pair number in format 0) and ``precision`` (``[M, L]``, C order, any integer type
+    in native byte order), each tenant's ``class_pairs`` pair numbers ``m * class_pairs ..``
+    counted; ``None`` when no capacity of ``capacities`` (ascending) holds a tenant's pairs;
+    ``NotImplemented`` when :func:`status` does not allow the native function, the arrays
+    are not of those kinds, or a format id lies outside ``[0, F)`` (the caller's NumPy form
+    then, after validation)."""
+    if not status().compact:
+        return NotImplemented
+    m, l = base.shape
+    pair = np.empty((m, l), np.intp)
+    entries = np.empty(m * capacities[-1], np.int32) if capacities else np.empty(0, np.int32)
+    cap = _extension.compact(base, precision, pair, entries, class_pairs, capacities)
+    if cap is None or cap < 0:
+        return NotImplemented
+    return (entries[:m * cap].reshape(m, cap), pair) if cap else None
+
+
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
     """``float32[B, M, L]``: ``table[f, m, r]`` (``table float32[F, M, L]``) at each row's id
     ``f = ids[p, m, r]`` (``uint8[B, M, L]``; 0 for an id not in ``[0, F)``), or
@@ -305,3 +327,34 @@ def _self_check(counts: bool) -> None:
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")
+    _check_compact(rng)
+
+
+def _check_compact(rng) -> None:
+    """Raise unless the extension's ``compact`` gives what ``rowclasses.compact_entries``'
+    NumPy form gives, and refuses what it must (an id out of range, a wrong array)."""
+    from libratio_jax.physics import formats as F
+    from libratio_jax.physics.rowclasses import compact_entries, row_pairs
+
+    m, l, c = 3, 40, 5
+    grid = np.full((m, c, 9), l, np.int32)  # 9 slots per class, L: padding
+    for t in range(m):  # a class per 7 rows, a few rows of no class
+        rows = rng.permutation(l)[:c * 7].reshape(c, 7)
+        grid[t, :, :7] = rows
+    pairs = row_pairs(grid, l, (4, 8))
+    for trial in range(4):
+        prec = rng.integers(0, 1 + 3 * trial, (m, l)).astype(np.int16)
+        want = compact_entries(pairs, prec)
+        got = _extension.compact(pairs.base, prec, pair := np.empty((m, l), np.intp),
+                                 entries := np.full(m * 8, -7, np.int32), c * F.NUM_FORMATS,
+                                 pairs.capacities)
+        same = (got == 0 if want is None else
+                got == want[0].shape[1] and np.array_equal(pair, want[1])
+                and np.array_equal(entries[:m * got].reshape(m, got), want[0]))
+        if not same:
+            raise RuntimeError("compact differs from rowclasses.compact_entries' NumPy form")
+    prec[1, 3] = F.NUM_FORMATS
+    if _extension.compact(pairs.base, prec, pair, entries, c * F.NUM_FORMATS, (8,)) != -1:
+        raise RuntimeError("compact takes a format id out of range")
+    if _extension.compact(pairs.base, prec.T, pair, entries, c * F.NUM_FORMATS, (8,)) is not None:
+        raise RuntimeError("compact takes an array it cannot read")

@@ -344,7 +344,7 @@ def _mapping(x: Any, field: str) -> Mapping:
     return x
 
 
-def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
+def validate_plan(scenario, plan: Plan, *, rules: bool = True, ids: bool = True) -> None:
     """Check a concrete plan against a scenario; raise ValueError naming the field.
 
     Checks: shapes and integer dtypes; format ids in range; ``gpus >= 0``; per present tenant:
@@ -357,7 +357,9 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
     only a plan that breaks one pays for finding which (the common, valid case is a handful of
     NumPy operations, also for a single plan). ``rules=False`` checks only the shapes, dtypes
     and format ids, for a caller that checks the rules in its own program
-    (:func:`breaks_rules`) and calls this again for the message of a plan that breaks one.
+    (:func:`breaks_rules`) and calls this again for the message of a plan that breaks one;
+    ``ids=False`` leaves out the format ids' range too, for a caller that checks them itself
+    (``lj.evaluate``'s one host plan: ``native.compact_pairs`` reads every id anyway).
     """
     m, l = scenario.num_tenants, scenario.num_layers
     prec, xs = plan.precision, [getattr(plan, name) for name in _INT_FIELDS]
@@ -374,9 +376,7 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
             raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
         if prec.dtype.kind not in "iu":
             raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
-    # One reduction for both bounds: a negative id read as unsigned (same width and byte
-    # order) is beyond every format.
-    if prec.size and prec.view(_unsigned(prec.dtype)).max() >= F.NUM_FORMATS:
+    if ids and not format_ids_in_range(prec):
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     if not plain:
         xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
@@ -419,6 +419,14 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True) -> None:
             f"plan.{field}[{i}] (plan {b}): tenant {i} {text} "
             f"(gpus={g[b, i]}, tp={tp[b, i]}, pp={pp[b, i]}, pool={pool[b, i]}, "
             f"pool gpus={pool_count[pool[b, i]]}, heads={heads[i]}, kv_heads={kv_heads[i]})")
+
+
+def format_ids_in_range(precision: np.ndarray) -> bool:
+    """Whether every id of ``precision`` (a host integer array) lies in ``[0, F)``: one
+    reduction for both bounds, a negative id read as unsigned (same width and byte order)
+    is beyond every format."""
+    return not precision.size or precision.view(
+        _unsigned(precision.dtype)).max() < F.NUM_FORMATS
 
 
 def _plain_host_plan(prec, xs, m: int, l: int) -> bool:
