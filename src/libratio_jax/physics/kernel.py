@@ -113,13 +113,18 @@ _LAYER_STABILITY = _METRICS_NAMES.index("layer_stability")
 
 
 def _metrics_of(leaves) -> Metrics:
-    """``Metrics`` of its fields' values in order (extra values after them ignored), without
-    its generated ``__init__``, which sets the fields of the frozen class one
-    ``object.__setattr__`` at a time (~3 µs against ~1 µs; one host plan's call is
-    latency-bound). The class has no ``__post_init__`` and no slots: the instance is the
-    one ``Metrics(*leaves)`` makes."""
-    out = object.__new__(Metrics)
-    out.__dict__.update(zip(_METRICS_NAMES, leaves[:_METRICS_FIELDS], strict=True))
+    """``Metrics`` of its fields' values in order (extra values after them ignored)."""
+    return _frozen(Metrics, _METRICS_NAMES, leaves[:_METRICS_FIELDS])
+
+
+def _frozen(cls, names, values):
+    """An instance of the frozen dataclass ``cls`` (``Metrics``, ``Plan``) of its fields'
+    ``values`` in the order of ``names``, without its generated ``__init__``, which sets the
+    fields one ``object.__setattr__`` at a time (~3 µs against ~1 µs; one host plan's call
+    is latency-bound). Neither class has a ``__post_init__`` or slots: the instance is the
+    one ``cls(*values)`` makes."""
+    out = object.__new__(cls)
+    out.__dict__.update(zip(names, values, strict=True))
     return out
 
 
@@ -947,7 +952,8 @@ def _on_host(plan: Plan) -> Plan:
     values = [getattr(plan, f) for f in _PLAN_FIELDS]
     if any(isinstance(x, jax.core.Tracer) for x in values):
         return plan
-    return Plan(*(np.asarray(x) if isinstance(x, jax.Array) else x for x in values))
+    return _frozen(Plan, _PLAN_FIELDS,
+                   [np.asarray(x) if isinstance(x, jax.Array) else x for x in values])
 
 
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))
