@@ -13,6 +13,8 @@
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
 //                      before fusion).
+// And one plain Python function, compact(): one host plan's (class, format) entries, what
+// rowclasses.compact_entries computes with NumPy (lj.evaluate's single-plan path).
 // Every input is bounds-checked: an out-of-range grid entry reads as padding, a format id
 // outside [0, F) is not counted (lj_format_counts) or reads format 0 (lj_rows_stability).
 // Built by setup.py (an optional extension: without a compiler the package runs the XLA
@@ -816,7 +818,8 @@ static PyObject* Compact(PyObject*, PyObject* args) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The Python module: handlers() -> {target name: PyCapsule}, cpu() -> {feature: bool}.
+// The Python module: handlers() -> {target name: PyCapsule}, cpu() -> {feature: bool},
+// compact(...) (above).
 
 static PyObject* Handlers(PyObject*, PyObject*) {
   PyObject* out = PyDict_New();

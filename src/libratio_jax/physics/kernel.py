@@ -973,11 +973,13 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     spread ``layer_stability``). The rows' program instead when the scenario is coarse, a
     tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
     per row at random), or the sanitizer refuses a tenant (the rows say what its rows
-    score). ``None`` (the caller validates on the host) when an integer field is
-    not a NumPy array, or is of a type wider than int32 (which packing as int32 could wrap)
-    and holds a value beyond ``INT_LIMIT``. ``check_rules=False`` (``evaluate(...,
-    validate=False)``): a plan that breaks a rule is not refused but evaluated as its
-    sanitizer says, as any unvalidated plan."""
+    score). Its format ids are checked here: by ``native.compact_pairs``, which reads them
+    to count the pairs, else by one reduction. ``None`` (the caller validates on the host,
+    or evaluates an unvalidated plan by the general path) when a format id is out of
+    range, or an integer field is not a NumPy array, or is of a type wider than int32
+    (which packing as int32 could wrap) and holds a value beyond ``INT_LIMIT``.
+    ``check_rules=False`` (``evaluate(..., validate=False)``): a plan that breaks a rule is
+    not refused but evaluated as its sanitizer says, as any unvalidated plan."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
     if not all(type(x) is np.ndarray for x in ints):
         return None

@@ -19,6 +19,10 @@ the CPU:
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
 
+Beside them, one plain function of the extension (no XLA), ``compact``
+(:func:`compact_pairs`): one host plan's (class, format) entries, what
+``rowclasses.compact_entries`` computes with NumPy.
+
 None holds physics: they count, multiply by tables the physics modules computed, pick and
 copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
 the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
