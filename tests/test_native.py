@@ -243,8 +243,10 @@ def test_compact_pairs_refuses_what_it_cannot_read():
     """``native.compact_pairs`` (one host plan's entries) gives NumPy's entries for every
     integer type of ids, and ``NotImplemented`` (the caller's NumPy form, after validation)
     for an id out of ``[0, F)`` of any type (negative, or an unsigned one beyond int64), an
-    array in Fortran order, non-native byte order, a wrong shape or a non-integer dtype;
-    ``None`` when a tenant's pairs exceed every capacity."""
+    array in Fortran order, non-native byte order, a wrong shape or a non-integer dtype, a
+    size that would overflow or capacities that are not ascending small non-negative ints;
+    ``None`` when a tenant's pairs exceed every capacity (a capacity of 0 included, as
+    NumPy's form says)."""
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     rng = np.random.default_rng(5)
@@ -275,6 +277,17 @@ def test_compact_pairs_refuses_what_it_cannot_read():
     for other in (np.asfortranarray(prec), prec.astype(">i4"), prec[:, :-1], prec.T,
                   prec.astype(np.float32), prec.astype(bool)):
         assert compact(other) is NotImplemented
+    # hostile sizes and capacities: refused, never a crash, an exception or a wrong answer
+    for class_pairs in (2**62, 2**40, 2**15 + 1, 0, -3):
+        assert native.compact_pairs(pairs.base, prec, class_pairs, (8,)) is NotImplemented
+    for caps in ((8, -1), (8.0,), ("8",), (2**70,), (8, None), (8, 4)):
+        assert native.compact_pairs(pairs.base, prec, c * F.NUM_FORMATS, caps) is NotImplemented
+    for caps in ((2**62,), (2**61,)):  # an entries buffer smaller than they say: refused
+        assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
+                                         np.empty(0, np.int32), c * F.NUM_FORMATS, caps) is None
+    empty = row_pairs(np.full((m, c, 8), l, np.int32), l, (0, 4))  # no row in any class
+    assert compact_entries(empty, prec) is None
+    assert native.compact_pairs(empty.base, prec, c * F.NUM_FORMATS, (0, 4)) is None
 
 
 def test_status_says_why_the_xla_forms_run(monkeypatch):

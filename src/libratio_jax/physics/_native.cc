@@ -696,7 +696,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
 // (pair % class_pairs) << 16 | rows, then zeros). capacities: ascending ints. Returns the
 // smallest capacity that holds every tenant's pairs; 0 when none does; -1 when a format id
 // lies outside [0, kFormats) (nothing useful written: the caller validates, which raises);
-// None when an argument is not of the kinds above (the caller falls back to NumPy).
+// None when an argument is not of the kinds above, class_pairs exceeds kMaxClassPairs or
+// the counts cannot be allocated (the caller falls back to NumPy). Never raises.
 
 // Pair numbers (base + id) and per-pair row counts of ids of type T; false when an id lies
 // outside [0, kFormats).
@@ -706,7 +707,7 @@ static bool PairCounts(const T* ids, const int64_t* base, int64_t n_rows, int64_
   for (int64_t i = 0; i < n_rows; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
     if (id < 0 || id >= kFormats) return false;  // (an unsigned id beyond int64 reads < 0)
-    const int64_t n = base[i] + id;
+    const int64_t n = static_cast<int64_t>(static_cast<uint64_t>(base[i]) + uint64_t(id));
     pair[i] = n;
     if (n >= 0 && n < class_numbers) ++counts[n];
   }
@@ -745,12 +746,16 @@ struct BufferView {  // a Py_buffer released on scope exit
   }
 };
 
+constexpr Py_ssize_t kMaxClassPairs = 1 << 15;  // (j << 16 | rows) fits an int32 entry
+
 static PyObject* Compact(PyObject*, PyObject* args) {
   PyObject *base_obj, *prec_obj, *pair_obj, *entries_obj, *caps_obj;
   Py_ssize_t class_pairs;
   if (!PyArg_ParseTuple(args, "OOOOnO", &base_obj, &prec_obj, &pair_obj, &entries_obj,
-                        &class_pairs, &caps_obj))
-    return nullptr;
+                        &class_pairs, &caps_obj)) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
   BufferView base, prec, pair, entries;
   const int in = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, out = in | PyBUF_WRITABLE;
   if (!base.Get(base_obj, in) || !prec.Get(prec_obj, in) || !pair.Get(pair_obj, out) ||
@@ -763,7 +768,8 @@ static PyObject* Compact(PyObject*, PyObject* args) {
     Py_RETURN_NONE;
   const Py_ssize_t m = base.view.shape[0], l = base.view.shape[1];
   if (prec.view.shape[0] != m || prec.view.shape[1] != l || pair.view.shape[0] != m ||
-      pair.view.shape[1] != l || class_pairs <= 0 || l >= (1 << 16))
+      pair.view.shape[1] != l || class_pairs <= 0 || class_pairs > kMaxClassPairs ||
+      l >= (1 << 16))
     Py_RETURN_NONE;
   const Py_ssize_t n_caps = PyTuple_GET_SIZE(caps_obj);
   std::vector<Py_ssize_t> caps(n_caps);
@@ -775,11 +781,16 @@ static PyObject* Compact(PyObject*, PyObject* args) {
     }
   }
   const Py_ssize_t most = n_caps ? caps[n_caps - 1] : 0;
-  if (entries.view.len / 4 < m * most) Py_RETURN_NONE;
+  if (m > 0 && entries.view.len / 4 / m < most) Py_RETURN_NONE;  // (no product to overflow)
   const int64_t* b = static_cast<const int64_t*>(base.view.buf);
   int64_t* p = static_cast<int64_t*>(pair.view.buf);
   const void* f = prec.view.buf;
-  std::vector<int32_t> counts(static_cast<size_t>(m * class_pairs), 0);
+  std::vector<int32_t> counts;
+  try {
+    counts.assign(static_cast<size_t>(m) * static_cast<size_t>(class_pairs), 0);
+  } catch (const std::exception&) {  // (m is an array's length, class_pairs bounded)
+    Py_RETURN_NONE;
+  }
   const int64_t n = static_cast<int64_t>(m) * l, numbers = static_cast<int64_t>(m) * class_pairs;
   int32_t* c = counts.data();
   bool ok;
@@ -800,9 +811,12 @@ static PyObject* Compact(PyObject*, PyObject* args) {
     for (Py_ssize_t j = 0; j < class_pairs; ++j) used += counts[t * class_pairs + j] != 0;
     used_most = std::max(used_most, used);
   }
-  Py_ssize_t cap = 0;
-  for (Py_ssize_t k = 0; k < n_caps && !cap; ++k)
-    if (caps[k] >= used_most) cap = caps[k];
+  Py_ssize_t cap = 0;  // the smallest capacity that holds them; 0 (None) when none does
+  for (Py_ssize_t k = 0; k < n_caps; ++k)
+    if (caps[k] >= used_most) {
+      cap = caps[k];
+      break;
+    }
   if (!cap) return PyLong_FromLong(0);
   int32_t* e = static_cast<int32_t*>(entries.view.buf);
   for (Py_ssize_t t = 0; t < m; ++t) {

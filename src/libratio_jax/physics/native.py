@@ -219,9 +219,12 @@ def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]
     then, after validation)."""
     if not status().compact:
         return NotImplemented
-    m, l = base.shape
-    pair = np.empty((m, l), np.intp)
-    entries = np.empty(m * capacities[-1], np.int32) if capacities else np.empty(0, np.int32)
+    try:  # (never raises: a capacity that is not a small non-negative int is refused)
+        m, l = base.shape
+        pair = np.empty((m, l), np.intp)
+        entries = np.empty(m * int(capacities[-1]) if capacities else 0, np.int32)
+    except (TypeError, ValueError, OverflowError, MemoryError, AttributeError):
+        return NotImplemented
     cap = _extension.compact(base, precision, pair, entries, class_pairs, capacities)
     if cap is None or cap < 0:
         return NotImplemented
