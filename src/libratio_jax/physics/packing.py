@@ -96,8 +96,7 @@ def leaf_reader(layout: tuple):
     rank = [0] * len(order)
     for r, k in enumerate(order):
         rank[k] = r
-    in_order = (None if rank == list(range(len(rank))) else
-                operator.itemgetter(*rank) if len(rank) > 1 else None)
+    in_order = None if rank == list(range(len(rank))) else operator.itemgetter(*rank)
 
     def read(arrays: Sequence[np.ndarray]) -> list:
         leaves: list = []
