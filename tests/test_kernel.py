@@ -574,6 +574,26 @@ def test_launches_regrouped_by_cost_equal_the_rows_sum():
         assert float(jnp.sum(launches)) > 0
 
 
+@pytest.mark.parametrize("which", ["reference", "tiny"])
+def test_terms_left_out_of_the_contraction(which):
+    """The class path contracts the counts with only some of the modules' row terms
+    (``kernel._FORMAT_FREE_TERMS``, ``_SAME_TERMS``): each term it leaves out as format-free
+    is the same in every format of every class (so its sum over a tenant whose rows all count
+    is its class sizes times one column), and each it takes from another module equals it,
+    on the modules' own tables of a dense training and a mixed MoE scenario."""
+    sc = lj.reference_scenario() if which == "reference" else _tiny_full_resolution()
+    terms = {k: np.asarray(v) for k, v in kernel._class_rows(sc)["terms"].items()}
+    for name, k in kernel._FORMAT_FREE_TERMS:
+        t = terms[name][:, k]  # [M, C, F]
+        assert np.abs(t).max() > 0
+        np.testing.assert_array_equal(t, np.broadcast_to(t[..., F.BF16:F.BF16 + 1], t.shape))
+    for (name, k), (other, j) in kernel._SAME_TERMS.items():
+        np.testing.assert_array_equal(terms[name][:, k], terms[other][:, j])
+    summed = sum(t.shape[1] for t in terms.values()) - len(kernel._FORMAT_FREE_TERMS) - len(
+        kernel._SAME_TERMS)
+    assert summed == 8
+
+
 def _tiny_full_resolution(first=_TINY_MOE):
     return lj.Scenario.build(
         lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),

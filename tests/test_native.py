@@ -161,7 +161,7 @@ def test_native_counts_under_vmap_and_retracing():
 def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
-    pass (13), empty entries: as a NumPy product in float64 and as XLA's, up to float
+    pass (8), empty entries: as a NumPy product in float64 and as XLA's, up to float
     rounding; the largest per-entry peak over the entries held: as NumPy's, exactly; the
     weighted sums per group of entries (entries in no group, an empty group). Entries with
     no term and a peak count; entries with neither add nothing."""
@@ -201,6 +201,43 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     scale = np.abs(one_hot).astype(np.float64) @ np.abs(counts).astype(np.float64)
     assert np.all(np.abs(np.asarray(by_group) - want_groups) <= 1e-5 * scale + 1e-6)
     assert not np.asarray(by_group)[:, 4].any()
+
+
+@needs_native
+def test_native_weighted_sums_never_reuse_another_calls_entries():
+    """The kernel keeps each tenant's held entries from one call to the next while its
+    inputs are the same: a call whose table, peaks, weights or groups differ in one entry
+    only, with the same shapes, gets its own sums, peak and group sums (NumPy's)."""
+    rng = np.random.default_rng(5)
+    m, e, k, b, g = 2, 40, 8, 64, 4
+    counts = rng.integers(0, 9, (m, e, b)).astype(np.uint8)
+    base = dict(table=rng.normal(size=(m, k, e)).astype(np.float32),
+                peaks=rng.random((m, e)).astype(np.float32),
+                weights=rng.normal(size=(m, e)).astype(np.float32),
+                groups=rng.integers(0, g, (m, e)).astype(np.int32))
+    counts[1, 17] = 0  # entry 17: held by no plan of tenant 1, then by all
+    changed = [dict(base), dict(base, table=base["table"].copy()),
+               dict(base, peaks=base["peaks"].copy()), dict(base, weights=base["weights"].copy()),
+               dict(base, groups=base["groups"].copy()), dict(base)]
+    changed[1]["table"][1, 3, 17] = 7.0
+    changed[2]["peaks"][1, 23] = 9.0
+    changed[3]["weights"][1, 17] = 3.0
+    changed[4]["groups"][1, 17] = (base["groups"][1, 17] + 1) % g
+    call = jax.jit(lambda *a: native._native_sums(*a, n_groups=g))
+    for i, args in enumerate(changed):
+        c = counts.copy()
+        if i >= 2:
+            c[1, 17] = 5
+        got, top, by_group = (np.asarray(x) for x in call(c, *args.values()))
+        c64 = c.astype(np.float64)
+        want = np.einsum("mke,meb->mkb", args["table"].astype(np.float64), c64)
+        one_hot = ((args["groups"][:, None, :] == np.arange(g)[None, :, None])
+                   * args["weights"][:, None])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(top, np.max(np.where(c > 0, args["peaks"][..., None], 0.0),
+                                                  axis=1, initial=0.0).astype(np.float32))
+        np.testing.assert_allclose(by_group, np.einsum("mge,meb->mgb", one_hot, c64),
+                                   rtol=1e-5, atol=1e-4)
 
 
 @needs_native

@@ -423,17 +423,19 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // ---------------------------------------------------------------------------------------
 // Weighted sums. counts u8 or f32 [M, E, b] (E entries per tenant, plans last: the counts'
 // layout); table f32 [M, K, E]; out f32 [M, K, b]:
-// out[m, k, p] = sum_e table[m, k, e] * counts[m, e, p], summed in the order of e. The
-// counts are read as they are (one byte each: no float copy of them for a matrix product).
+// out[m, k, p] = sum_e table[m, k, e] * counts[m, e, p]. The counts are read as they are
+// (one byte each: no float copy of them for a matrix product).
 // With them, the held entries' peak: peaks f32 [M, E]; peak f32 [M, b]:
 // peak[m, p] = max(0, max of peaks[m, e] over the entries with counts[m, e, p] > 0);
 // and sums by group: weights f32 [M, E], group s32 [M, E]; grouped f32 [M, G, b]:
 // grouped[m, g, p] = sum of weights[m, e] * counts[m, e, p] over the entries of group g (an
 // entry whose group is not in [0, G) is in none).
 // Counts, terms, peaks and weights are finite: an entry that cannot add to a result (every
-// term 0, no positive peak, no group or a weight of 0) is skipped.
+// term 0, no positive peak, no group or a weight of 0) is skipped. The vector path sums the
+// entries group by group (each count read once for the terms, the peak and its group), so
+// its float rounding differs from the scalar path's, which sums in the order of e.
 
-constexpr int kSumRows = 13;   // terms per pass (2 x 13 accumulators of 16 plans)
+constexpr int kSumRows = 8;    // terms per pass (2 x 8 accumulators of 16 plans)
 constexpr int kSumPlans = 32;  // plans per task: two vectors of 16
 
 struct SumsArgs {
@@ -472,51 +474,48 @@ void SumsScalar(const T* counts, const SumsArgs& a, int64_t m, int64_t p0, int64
     }
 }
 
-// A tenant's entries that can add to a result, and what the vector path reads of them.
+// A tenant's entries that can add to a result, in the order the vector path reads them:
+// group by group (ascending), then those in no group.
 struct HeldEntries {
-  std::vector<int32_t> held;  // the entries that add a term or a peak, in order
-  std::vector<float> packed;  // their terms, [passes][held][kSumRows], 0 past the last term
-  std::vector<float> peaks;   // their peaks
-  std::vector<int32_t> by_group;     // the entries of each group, group by group
-  std::vector<float> group_weights;  // their weights
-  std::vector<int64_t> group_start;  // [G + 1] offsets into by_group
+  std::vector<int32_t> held;     // the entries
+  std::vector<float> packed;     // their terms, [passes][held][kSumRows], 0 past the last term
+  std::vector<float> peaks;      // their peaks
+  std::vector<float> weights;    // their weights in their group (0 for none)
+  std::vector<int64_t> group_end;  // [G] the end of each group's entries in `held`
 };
 
 HeldEntries Hold(const SumsArgs& a, int64_t m) {
   const int64_t E = a.E, K = a.K, G = a.G;
-  const int64_t passes = (K + kSumRows - 1) / kSumRows;
+  const int64_t passes = std::max<int64_t>((K + kSumRows - 1) / kSumRows, 1);
+  auto group_of = [&](int64_t e) {  // its group, or G for none
+    const int32_t g = a.group[m * E + e];
+    return g >= 0 && g < G && a.weights[m * E + e] != 0.0f ? int64_t(g) : G;
+  };
+  auto adds = [&](int64_t e) {
+    bool any = a.peaks[m * E + e] > 0.0f || group_of(e) < G;
+    for (int64_t k = 0; k < K && !any; ++k) any = a.table[(m * K + k) * E + e] != 0.0f;
+    return any;
+  };
+  // entries bucketed by group in one pass: counted, offsets, then placed in order
+  std::vector<int64_t> start(size_t(G + 2), 0);
+  for (int64_t e = 0; e < E; ++e)
+    if (adds(e)) ++start[group_of(e) + 1];
+  for (int64_t g = 0; g <= G; ++g) start[g + 1] += start[g];
   HeldEntries h;
-  for (int64_t e = 0; e < E; ++e) {
-    bool adds = a.peaks[m * E + e] > 0.0f;
-    for (int64_t k = 0; k < K && !adds; ++k) adds = a.table[(m * K + k) * E + e] != 0.0f;
-    if (adds) h.held.push_back(int32_t(e));
-  }
-  const int64_t n = int64_t(h.held.size());
-  h.packed.assign(size_t(std::max<int64_t>(passes, 1) * n * kSumRows), 0.0f);
+  const int64_t n = start[G + 1];
+  h.held.resize(size_t(n));
+  h.group_end.assign(start.begin() + 1, start.begin() + 1 + G);
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t e = 0; e < E; ++e)
+    if (adds(e)) h.held[next[group_of(e)]++] = int32_t(e);
+  h.packed.assign(size_t(passes * n * kSumRows), 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t e = h.held[i];
     for (int64_t k = 0; k < K; ++k)
       h.packed[((k / kSumRows) * n + i) * kSumRows + k % kSumRows] = a.table[(m * K + k) * E + e];
     h.peaks.push_back(a.peaks[m * E + e]);
+    h.weights.push_back(group_of(e) < G ? a.weights[m * E + e] : 0.0f);
   }
-  // entries bucketed by group in one pass: counted, offsets, then placed in order
-  h.group_start.assign(size_t(G + 1), 0);
-  auto in_group = [&](int64_t e) {
-    const int32_t g = a.group[m * E + e];
-    return g >= 0 && g < G && a.weights[m * E + e] != 0.0f;
-  };
-  for (int64_t e = 0; e < E; ++e)
-    if (in_group(e)) ++h.group_start[a.group[m * E + e] + 1];
-  for (int64_t g = 0; g < G; ++g) h.group_start[g + 1] += h.group_start[g];
-  h.by_group.resize(size_t(h.group_start[G]));
-  h.group_weights.resize(size_t(h.group_start[G]));
-  std::vector<int64_t> next(h.group_start.begin(), h.group_start.end() - 1);
-  for (int64_t e = 0; e < E; ++e)
-    if (in_group(e)) {
-      const int64_t i = next[a.group[m * E + e]]++;
-      h.by_group[i] = int32_t(e);
-      h.group_weights[i] = a.weights[m * E + e];
-    }
   return h;
 }
 
@@ -532,12 +531,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
 }
 
 // Plans p0 .. p0 + plans - 1 (at most 32) of tenant m: kSumRows terms per pass over its held
-// entries (the peak in the first pass), then each group's sum.
+// entries; the first pass also takes the peak and each group's sum (the entries come group
+// by group), so that each count is read and converted once for all three.
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
     const T* counts, const SumsArgs& a, const HeldEntries& h, int64_t m, int64_t p0,
     int plans) {
-  const int64_t K = a.K, b = a.b, n = int64_t(h.held.size());
+  const int64_t K = a.K, G = a.G, b = a.b, n = int64_t(h.held.size());
   const T* c = counts + m * a.E * b + p0;
   const __mmask16 lo = plans >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << plans) - 1);
   const int hi_n = std::max(0, plans - 16);
@@ -545,27 +545,39 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
   const __m512 zero = _mm512_setzero_ps();
   __m512 top0 = zero, top1 = zero;
   const float* packed = h.packed.data();
-  // (one pass at least: the peak is found in the first)
   for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += n * kSumRows) {
+    const bool first = k0 == 0;
     __m512 acc[kSumRows][2];
-    for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t e = h.held[i];
-      const __m512 x0 = LoadCounts(c + e * b, lo);
-      const __m512 x1 = LoadCounts(c + e * b + 16, hi);
-      if (k0 == 0) {
-        const __m512 v = _mm512_set1_ps(h.peaks[i]);
-        top0 = _mm512_mask_max_ps(top0, _mm512_cmp_ps_mask(x0, zero, _CMP_GT_OQ), top0, v);
-        top1 = _mm512_mask_max_ps(top1, _mm512_cmp_ps_mask(x1, zero, _CMP_GT_OQ), top1, v);
+    for (int j = 0; j < kSumRows; ++j) acc[j][0] = acc[j][1] = zero;
+    int64_t i = 0;
+    for (int64_t g = 0; g <= G; ++g) {  // group g's entries; g == G: those in no group
+      const int64_t end = g < G ? h.group_end[g] : n;
+      __m512 s0 = zero, s1 = zero;
+      for (; i < end; ++i) {
+        const int64_t e = h.held[i];
+        const __m512 x0 = LoadCounts(c + e * b, lo);
+        const __m512 x1 = LoadCounts(c + e * b + 16, hi);
+        if (first) {
+          const __m512 v = _mm512_set1_ps(h.peaks[i]);
+          top0 = _mm512_mask_max_ps(top0, _mm512_cmp_ps_mask(x0, zero, _CMP_GT_OQ), top0, v);
+          top1 = _mm512_mask_max_ps(top1, _mm512_cmp_ps_mask(x1, zero, _CMP_GT_OQ), top1, v);
+          const __m512 w = _mm512_set1_ps(h.weights[i]);
+          s0 = _mm512_fmadd_ps(w, x0, s0);
+          s1 = _mm512_fmadd_ps(w, x1, s1);
+        }
+        const float* t = packed + i * kSumRows;
+        for (int j = 0; j < kSumRows; ++j) {
+          const __m512 tj = _mm512_set1_ps(t[j]);
+          acc[j][0] = _mm512_fmadd_ps(tj, x0, acc[j][0]);
+          acc[j][1] = _mm512_fmadd_ps(tj, x1, acc[j][1]);
+        }
       }
-      const float* w = packed + i * kSumRows;
-      for (int j = 0; j < kSumRows; ++j) {
-        const __m512 t = _mm512_set1_ps(w[j]);
-        acc[j][0] = _mm512_fmadd_ps(t, x0, acc[j][0]);
-        acc[j][1] = _mm512_fmadd_ps(t, x1, acc[j][1]);
+      if (first && g < G) {
+        _mm512_mask_storeu_ps(a.grouped + (m * G + g) * b + p0, lo, s0);
+        _mm512_mask_storeu_ps(a.grouped + (m * G + g) * b + p0 + 16, hi, s1);
       }
     }
-    if (k0 == 0) {
+    if (first) {
       _mm512_mask_storeu_ps(a.peak + m * b + p0, lo, top0);
       _mm512_mask_storeu_ps(a.peak + m * b + p0 + 16, hi, top1);
     }
@@ -576,27 +588,45 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
       _mm512_mask_storeu_ps(a.out + (m * K + k0 + j) * b + p0 + 16, hi, acc[j][1]);
     }
   }
-  for (int64_t g = 0; g < a.G; ++g) {
-    __m512 s0 = zero, s1 = zero;
-    for (int64_t i = h.group_start[g]; i < h.group_start[g + 1]; ++i) {
-      const int64_t e = h.by_group[i];
-      const __m512 t = _mm512_set1_ps(h.group_weights[i]);
-      s0 = _mm512_fmadd_ps(t, LoadCounts(c + e * b, lo), s0);
-      s1 = _mm512_fmadd_ps(t, LoadCounts(c + e * b + 16, hi), s1);
-    }
-    _mm512_mask_storeu_ps(a.grouped + (m * a.G + g) * b + p0, lo, s0);
-    _mm512_mask_storeu_ps(a.grouped + (m * a.G + g) * b + p0 + 16, hi, s1);
-  }
 }
 #endif
+
+// Each tenant's held entries for the vector path, kept per thread with a copy of the inputs
+// they came from: a batch's chunks, and the calls of one scenario, pass the same table (~25
+// µs to hold anew on the 2-core machine, ~50 ns per plan of a 512-plan chunk; comparing it
+// ~1 µs). The tasks of a call read the calling thread's copy until the call returns.
+const std::vector<HeldEntries>& HeldFor(const SumsArgs& a) {
+  struct Kept {
+    int64_t M = -1, E = -1, K = -1, G = -1;
+    std::vector<char> inputs;  // table, peaks, weights and group, byte for byte
+    std::vector<HeldEntries> held;
+  };
+  thread_local Kept kept;
+  const size_t sizes[4] = {size_t(a.M * a.K * a.E) * sizeof(float),
+                           size_t(a.M * a.E) * sizeof(float), size_t(a.M * a.E) * sizeof(float),
+                           size_t(a.M * a.E) * sizeof(int32_t)};
+  const void* data[4] = {a.table, a.peaks, a.weights, a.group};
+  bool same = kept.M == a.M && kept.E == a.E && kept.K == a.K && kept.G == a.G;
+  for (size_t i = 0, at = 0; i < 4 && same; at += sizes[i], ++i)
+    same = std::memcmp(kept.inputs.data() + at, data[i], sizes[i]) == 0;
+  if (!same) {
+    kept.M = -1;  // (stays invalid if an allocation below throws)
+    kept.inputs.resize(sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+    for (size_t i = 0, at = 0; i < 4; at += sizes[i], ++i)
+      std::memcpy(kept.inputs.data() + at, data[i], sizes[i]);
+    kept.held.clear();
+    for (int64_t m = 0; m < a.M; ++m) kept.held.push_back(Hold(a, m));
+    kept.M = a.M, kept.E = a.E, kept.K = a.K, kept.G = a.G;
+  }
+  return kept.held;
+}
 
 template <typename T>
 void SumsAll(ffi::ThreadPool& pool, const T* counts, const SumsArgs& a) {
   const int64_t tiles = (a.b + kSumPlans - 1) / kSumPlans;
   const bool vec = HasAvx512();
-  std::vector<HeldEntries> held;
-  if (vec)
-    for (int64_t m = 0; m < a.M; ++m) held.push_back(Hold(a, m));
+  static const std::vector<HeldEntries> kNone;
+  const std::vector<HeldEntries>& held = vec ? HeldFor(a) : kNone;
   ParallelChunks(a.M * tiles > 1 ? &pool : nullptr, a.M * tiles, [&](int64_t task) {
     const int64_t m = task / tiles, p0 = (task % tiles) * kSumPlans;
     const int plans = int(std::min<int64_t>(kSumPlans, a.b - p0));

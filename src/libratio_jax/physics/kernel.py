@@ -320,13 +320,22 @@ def _class_rows(scenario: Scenario) -> dict:
 
 
 # Each module's plan-independent row terms on a class model (rowclasses.class_model), in the
-# order of its ``row_totals``: the class path sums them all in one contraction.
+# order of its ``row_totals``: the class path sums them in one contraction.
 _ROW_TERMS = {
     "memory": lambda model, workload: memory_row_terms(model, workload, F.FORMAT_AXIS),
     "step": lambda model, workload: step_row_terms(model, F.FORMAT_AXIS),
     "stability": lambda model, workload: stability_row_terms(model, workload.mode,
                                                              F.FORMAT_AXIS),
 }
+# Of those terms ((module, index) in _ROW_TERMS), the ones the contraction leaves out (13 -> 8
+# terms: the native contraction ~195 -> ~150 ns per plan alone). A term that does not depend
+# on the row's format (the parameters, the activation bytes saved in the blocks, the rows'
+# stability weight) sums over a tenant whose rows all count to a per-tenant constant, its
+# value per class times the class's rows (a tenant with a row not counted is gated off:
+# _evaluate_counted_fields); a term equal to another module's (the gradient and weight bytes
+# of the step time) is summed once. tests/test_kernel.py checks both on the modules' tables.
+_FORMAT_FREE_TERMS = (("memory", 6), ("step", 1), ("stability", 1))
+_SAME_TERMS = {("step", 0): ("memory", 1), ("step", 2): ("memory", 0)}
 
 
 def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
@@ -373,6 +382,8 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # counts, no per-entry pass of their own.
     terms = rows["terms"]  # {module: [M, K, C, F]}
     m, c, f, b = counts.shape
+    keys = [(name, k) for name, t in terms.items() for k in range(t.shape[1])]
+    summed = [key for key in keys if key not in _FORMAT_FREE_TERMS and key not in _SAME_TERMS]
 
     def flat(x):  # [M, C, F, 1] -> [M, C x F]
         return x.reshape(m, c * f)
@@ -385,9 +396,15 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
 
     sums = native.weighted_sums(
         counts.reshape(m, c * f, b),
-        jnp.concatenate(list(terms.values()), axis=1).reshape(m, -1, c * f),
+        jnp.stack([terms[name][:, k] for name, k in summed], axis=1).reshape(m, -1, c * f),
         flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"]),
         LAUNCH_GROUPS, in_xla)
+    totals = {key: sums.sums[:, j] for j, key in enumerate(summed)}  # [M, b] each
+    for name, k in _FORMAT_FREE_TERMS:  # its BF16 column times the class sizes
+        constant = jnp.sum(rows["class_rows"][:, :, 0, 0] * terms[name][:, k, :, F.BF16], axis=-1)
+        totals[name, k] = jnp.broadcast_to(constant[:, None], (m, b))
+    for key, same in _SAME_TERMS.items():
+        totals[key] = totals[same]
     scalars = jax.tree.map(lambda x: x[:, 0, 0] if x.shape[2] == 1 else x[:, 0], r)  # [M(, F), b]
 
     def launches(by_group):  # [M, LAUNCH_GROUPS, b or 1] -> [M, b]
@@ -405,12 +422,11 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
         jnp.arange(m)[:, None], bf16_column(rows["launch_group"])[:, :, 0, 0]].add(
             bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
-    split = np.cumsum([0] + [t.shape[1] for t in terms.values()])
     return dict(roofline=(class_total(counts * roof), launches(sums.by_group)),
                 largest_layer=sums.peak,
                 bf16=native.fence((class_total(bf16(roof)), launches(bf16_groups))),
-                **{name: tuple(sums.sums[:, k] for k in range(a, b))
-                   for name, a, b in zip(terms, split[:-1], split[1:], strict=True)})
+                **{name: tuple(totals[name, k] for k in range(t.shape[1]))
+                   for name, t in terms.items()})
 
 
 def _largest_present(counts, values):
