@@ -132,6 +132,27 @@ Grid SanitizeGrid(const int32_t* grid, int M, int C, int S, int L) {
   return g;
 }
 
+// The sanitized grid, kept per thread with a copy of the grid it came from: every chunk of a
+// batch, and every call on one scenario, passes the same grid (~6 µs to sanitize anew on the
+// 2-core machine, ~12 ns per plan of a 512-plan chunk). The tasks of a call read the calling
+// thread's copy until the call returns.
+const Grid& GridFor(const int32_t* grid, int M, int C, int S, int L) {
+  struct Kept {
+    std::vector<int32_t> raw;
+    Grid grid{-1, -1, -1, -1, {}, {}, {}};
+  };
+  thread_local Kept kept;
+  const size_t n = size_t(M) * C * S;
+  const Grid& g = kept.grid;
+  if (g.M != M || g.C != C || g.S != S || g.L != L || kept.raw.size() != n ||
+      std::memcmp(kept.raw.data(), grid, n * sizeof(int32_t)) != 0) {
+    kept.grid.M = -1;  // (stays invalid if an allocation below throws)
+    kept.raw.assign(grid, grid + n);
+    kept.grid = SanitizeGrid(grid, M, C, S, L);
+  }
+  return kept.grid;
+}
+
 template <typename T>
 void CountScalar(const uint8_t* prec, const Grid& g, int64_t k, int64_t p0, int64_t p1,
                  T* counts, bool* complete) {
@@ -329,8 +350,7 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   const int64_t k = cd[3];
   const int64_t first = std::clamp<int64_t>(start.typed_data()[0], 0, pd[0]);
   const int64_t b = std::clamp<int64_t>(pd[0] - first, 0, k);  // plans to count
-  const Grid g = SanitizeGrid(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]),
-                              int(pd[2]));
+  const Grid& g = GridFor(grid.typed_data(), int(gd[0]), int(gd[1]), int(gd[2]), int(pd[2]));
   const uint8_t* p = prec.typed_data() + size_t(first) * pd[1] * pd[2];
   bool* done = complete->typed_data();
   if (type == ffi::DataType::U8)
