@@ -582,7 +582,8 @@ def test_terms_left_out_of_the_contraction(which):
     is its class sizes times one column), and each it takes from another module equals it,
     on the modules' own tables of a dense training and a mixed MoE scenario."""
     sc = lj.reference_scenario() if which == "reference" else _tiny_full_resolution()
-    terms = {k: np.asarray(v) for k, v in kernel._class_rows(sc)["terms"].items()}
+    terms = jax.jit(lambda s: kernel._class_rows(s)["terms"])(sc)
+    terms = {k: np.asarray(v) for k, v in terms.items()}
     for name, k in kernel._FORMAT_FREE_TERMS:
         t = terms[name][:, k]  # [M, C, F]
         assert np.abs(t).max() > 0
