@@ -536,10 +536,8 @@ def test_largest_held_entry_equals_a_numpy_masked_maximum():
         np.testing.assert_array_equal(np.asarray(jax.jit(_largest_present)(x, values)), want)
         out = jax.jit(lambda c, v: native.weighted_sums(
             c, table, v, jnp.zeros((m, e)), jnp.zeros((m, e), jnp.int32), 1,
-            jnp.zeros((m, e, 1)), jnp.zeros((m, e), jnp.int32), jnp.zeros((m, 1, b)),
-            jnp.zeros((m, 0, b)),
-            lambda c, t, v, *_: (jnp.zeros((m, 1, b)), _largest_present(c, v),
-                                 jnp.zeros((m, 1, b)), jnp.zeros((m, b)))))(x, values)
+            lambda c, t, v, w, g: (jnp.zeros((m, 1, b)), _largest_present(c, v),
+                                   jnp.zeros((m, 1, b)))))(x, values)
         np.testing.assert_array_equal(np.asarray(out.peak), want)
     assert (want == 9e9).any() and (want[1] < 9e9).any() and (want == 0).any()
 
@@ -595,40 +593,6 @@ def test_terms_left_out_of_the_contraction(which):
     summed = sum(t.shape[1] for t in terms.values()) - len(kernel._FORMAT_FREE_TERMS) - len(
         kernel._SAME_TERMS)
     assert summed == 8
-
-
-def test_roofline_as_two_forms_equals_the_rows_roofline():
-    """``throughput.roofline_forms`` (what the class path hands the native contraction): the
-    larger of ``flops x speed[format]`` and ``traffic . rates`` is ``row_roofline``'s
-    roofline on every row, training and serving, expert rows (touched fraction) and padding
-    rows (0) included, with random row formats and plan factors."""
-    from libratio_jax.physics import throughput as T
-    from libratio_jax.physics.architecture import MOE_EXPERT_IN
-    from libratio_jax.physics.scenario import TRAIN
-
-    sc = _tiny_full_resolution()
-    rng = np.random.default_rng(12)
-    sides = set()
-    for m, work in ((0, 1.0), (0, 1e6), (1, 1.0), (1, 1e6)):
-        model = jax.tree.map(lambda x, m=m: x[m], sc.models)
-        prec = jnp.asarray(rng.integers(0, F.NUM_FORMATS, model.kind.shape), jnp.int32)
-        rows = T.roofline_rows(model, prec)
-        r = T.Roofline(is_train=sc.workloads.mode[m] == TRAIN, passes=jnp.float32(4.0),
-                       micro_batches=jnp.float32(3.0), tokens_replica=jnp.float32(2048.0),
-                       sequences=jnp.float32(8.0), touched=jnp.float32(0.3),
-                       work=jnp.float32(work), hbm_bytes_per_second=jnp.float32(3.35e12),
-                       seconds_per_flop=jnp.asarray(rng.uniform(1, 4, F.NUM_FORMATS) * 1e-15,
-                                                    jnp.float32),
-                       gemm_fixed_seconds=jnp.zeros(F.NUM_FORMATS))
-        roof, _ = T.row_roofline(r, rows, r.seconds_per_flop[prec], r.gemm_fixed_seconds[prec])
-        flops, speed, traffic, rates = T.roofline_forms(r, rows)
-        compute, memory = np.asarray(flops * speed[prec]), np.asarray(traffic @ rates)
-        np.testing.assert_allclose(np.maximum(compute, memory), np.asarray(roof), rtol=2e-6)
-        valid = np.asarray(model.valid)
-        assert not compute[~valid].any() and not memory[~valid].any()
-        sides |= set((compute > memory)[valid].tolist())
-    assert sides == {True, False}  # both sides of the maximum occur
-    assert bool(jnp.any(sc.models.kind == MOE_EXPERT_IN))
 
 
 def _tiny_full_resolution(first=_TINY_MOE):

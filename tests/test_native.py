@@ -155,37 +155,6 @@ def test_native_counts_under_vmap_and_retracing():
         counts(np.random.default_rng(seed).integers(0, 12, (65, 4, 399)).astype(np.uint8))
 
 
-def _numpy_sums(counts, table, peaks, weights, groups, n_groups, forms, at, phi, psi):
-    """``native.weighted_sums``' four results in float64 NumPy, and each sum's scale (the
-    same sum of absolute values) for a float32 tolerance."""
-    c = counts.astype(np.float64)
-    t = table.astype(np.float64)
-    one_hot = ((groups[:, None, :] == np.arange(n_groups)[None, :, None])
-               * weights[:, None, :].astype(np.float64))
-    p = phi.shape[1]
-    held = (at >= 0) & (at < p)
-    first = np.where(held, forms[..., 0], 0.0)[..., None] * np.take_along_axis(
-        phi.astype(np.float64), np.clip(at, 0, max(p - 1, 0))[..., None], axis=1) if p else (
-        np.zeros(c.shape))
-    second = np.einsum("meq,mqb->meb", forms[..., 1:].astype(np.float64), psi)
-    return ((np.einsum("mke,meb->mkb", t, c), np.abs(t) @ np.abs(c)),
-            np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0),
-            (np.einsum("mge,meb->mgb", one_hot, c), np.abs(one_hot) @ np.abs(c)),
-            (np.sum(c * np.maximum(first, second), axis=1),
-             np.sum(np.abs(c) * np.maximum(np.abs(first), np.abs(second)), axis=1)))
-
-
-def _assert_sums(got, want):
-    (sums, s_scale), top, (groups, g_scale), (most, m_scale) = want
-    for x, w, scale in ((got[0], sums, s_scale), (got[2], groups, g_scale),
-                        (got[3], most, m_scale)):
-        x = np.asarray(x)
-        assert x.shape == w.shape and x.dtype == np.float32
-        assert np.all(np.abs(x - w) <= 1e-5 * scale + 1e-6)
-    np.testing.assert_array_equal(np.asarray(got[1]), top.astype(np.float32))
-    assert not np.signbit(np.asarray(got[1])).any()  # at least +0.0
-
-
 @needs_native
 @pytest.mark.parametrize("b,k", [(1, 1), (31, 13), (33, 14), (70, 27), (600, 9)])
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
@@ -194,47 +163,44 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
     pass (8), empty entries: as a NumPy product in float64 and as XLA's, up to float
     rounding; the largest per-entry peak over the entries held: as NumPy's, exactly; the
-    weighted sums per group of entries (entries in no group, an empty group); the counts
-    weighted by the larger of two linear forms of per-plan factors (rows of the first form
-    outside the factors' range: 0). Entries with no term and a peak count; entries with
-    nothing add nothing."""
+    weighted sums per group of entries (entries in no group, an empty group). Entries with
+    no term and a peak count; entries with neither add nothing."""
     rng = np.random.default_rng(b * 100 + k)
-    m, e, q = 3, 50, 3
+    m, e = 3, 50
     counts = rng.integers(0, 256 if dtype == np.uint8 else 1000, (m, e, b)).astype(dtype)
     counts[:, 7] = 0
     table = rng.normal(size=(m, k, e)).astype(np.float32)
     peaks = rng.normal(size=(m, e)).astype(np.float32)
-    forms = rng.normal(size=(m, e, 1 + q)).astype(np.float32)
-    table[:, :, 3], peaks[:, 3], forms[:, 3] = 0.0, 5.0, 0.0  # no term, a peak: still counts
-    table[:, :, 5], peaks[:, 5], forms[:, 5] = 0.0, -1.0, 0.0  # nothing to add: skipped
-    table[1, :, 9], peaks[1, 9], forms[1, 9] = 0.0, 0.0, 0.0
-    table[:, :, 11], peaks[:, 11] = 0.0, -1.0  # the forms only
-    table[:, :, 13], peaks[:, 13], forms[:, 13] = 0.0, -0.0, 0.0  # a group's weight only
+    table[:, :, 3], peaks[:, 3] = 0.0, 5.0  # no term, a peak: held entries still count
+    table[:, :, 5], peaks[:, 5] = 0.0, -1.0  # nothing to add (the kernel skips it)
+    table[1, :, 9], peaks[1, 9] = 0.0, 0.0
+
     weights = rng.normal(size=(m, e)).astype(np.float32)
     groups = rng.integers(-1, 5, (m, e)).astype(np.int32)  # 5 groups, -1 and 4 (empty): none
     groups[groups == 4] = 9
-    groups[:, 11] = -1
-    at = rng.integers(-2, 8, (m, e)).astype(np.int32)  # 6 rows of phi: -2, -1, 6, 7 none
-    phi = rng.normal(size=(m, 6, b)).astype(np.float32)
-    psi = rng.normal(size=(m, q, b)).astype(np.float32)
-    args = (counts, table, peaks, weights, groups, forms, at, phi, psi)
 
-    def xla(c, t, v, w, g, forms, at, phi, psi):
+    def xla(c, t, v, w, g):
         c = c.astype(jnp.float32)
-        first = jnp.where((at >= 0) & (at < 6), forms[..., 0], 0.0)[..., None] * (
-            jnp.take_along_axis(phi, jnp.clip(at, 0, 5)[..., None], axis=1))
-        second = jnp.einsum("meq,mqb->meb", forms[..., 1:], psi)
         return (jnp.einsum("mke,meb->mkb", t, c),
                 jnp.max(jnp.where(c > 0, v[..., None], 0.0), axis=1, initial=0.0),
                 jnp.einsum("mge,meb->mgb", (g[:, None] == jnp.arange(5)[:, None]) * w[:, None],
-                           c),
-                jnp.sum(c * jnp.maximum(first, second), axis=1))
+                           c))
 
-    want = _numpy_sums(counts, table, peaks, weights, groups, 5, forms, at, phi, psi)
-    got = jax.jit(lambda *a: native.weighted_sums(*a[:5], 5, *a[5:], xla))(*args)
-    _assert_sums(got, want)
-    _assert_sums(xla(*args), want)
-    assert not np.asarray(got.by_group)[:, 4].any()
+    got, top, by_group = jax.jit(lambda *a: native.weighted_sums(*a, 5, xla))(
+        counts, table, peaks, weights, groups)
+    want = np.einsum("mke,meb->mkb", table.astype(np.float64), counts.astype(np.float64))
+    scale = np.abs(table).astype(np.float64) @ np.abs(counts).astype(np.float64)
+    assert got.shape == want.shape and got.dtype == jnp.float32
+    assert np.all(np.abs(np.asarray(got) - want) <= 1e-5 * scale + 1e-6)
+    assert np.all(np.abs(np.asarray(xla(counts, table, peaks, weights, groups)[0]) - want)
+                  <= 1e-5 * scale + 1e-6)
+    want_top = np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
+    np.testing.assert_array_equal(np.asarray(top), want_top.astype(np.float32))
+    one_hot = (groups[:, None, :] == np.arange(5)[None, :, None]) * weights[:, None, :]
+    want_groups = np.einsum("mge,meb->mgb", one_hot.astype(np.float64), counts.astype(np.float64))
+    scale = np.abs(one_hot).astype(np.float64) @ np.abs(counts).astype(np.float64)
+    assert np.all(np.abs(np.asarray(by_group) - want_groups) <= 1e-5 * scale + 1e-6)
+    assert not np.asarray(by_group)[:, 4].any()
 
 
 @needs_native
@@ -244,9 +210,7 @@ def test_native_weighted_sums_peak_of_negative_zero_is_zero():
     out = jax.jit(lambda *a: native._native_sums(*a, n_groups=1))(
         np.ones((1, 1, 4), np.uint8), np.zeros((1, 1, 1), np.float32),
         np.full((1, 1), -0.0, np.float32), np.ones((1, 1), np.float32),
-        np.zeros((1, 1), np.int32), np.zeros((1, 1, 1), np.float32),
-        np.zeros((1, 1), np.int32), np.zeros((1, 1, 4), np.float32),
-        np.zeros((1, 0, 4), np.float32))
+        np.zeros((1, 1), np.int32))
     peak = np.asarray(out[1])
     assert (peak == 0).all() and not np.signbit(peak).any()
 
@@ -254,37 +218,38 @@ def test_native_weighted_sums_peak_of_negative_zero_is_zero():
 @needs_native
 def test_native_weighted_sums_never_reuse_another_calls_entries():
     """The kernel keeps each tenant's held entries from one call to the next while its
-    inputs are the same: a call whose table, peaks, weights, groups, forms or rows of the
-    first form differ in one entry only, with the same shapes, gets its own results
-    (NumPy's)."""
+    inputs are the same: a call whose table, peaks, weights or groups differ in one entry
+    only, with the same shapes, gets its own sums, peak and group sums (NumPy's)."""
     rng = np.random.default_rng(5)
-    m, e, k, b, g, q = 2, 40, 8, 64, 4, 2
+    m, e, k, b, g = 2, 40, 8, 64, 4
     counts = rng.integers(0, 9, (m, e, b)).astype(np.uint8)
     base = dict(table=rng.normal(size=(m, k, e)).astype(np.float32),
                 peaks=rng.random((m, e)).astype(np.float32),
                 weights=rng.normal(size=(m, e)).astype(np.float32),
-                groups=rng.integers(0, g, (m, e)).astype(np.int32),
-                forms=rng.normal(size=(m, e, 1 + q)).astype(np.float32),
-                at=rng.integers(0, 3, (m, e)).astype(np.int32))
-    phi = rng.normal(size=(m, 3, b)).astype(np.float32)
-    psi = rng.normal(size=(m, q, b)).astype(np.float32)
+                groups=rng.integers(0, g, (m, e)).astype(np.int32))
     counts[1, 17] = 0  # entry 17: held by no plan of tenant 1, then by all
-    changed = [dict(base)] + [dict(base, **{key: base[key].copy()}) for key in base] + [
-        dict(base)]
+    changed = [dict(base), dict(base, table=base["table"].copy()),
+               dict(base, peaks=base["peaks"].copy()), dict(base, weights=base["weights"].copy()),
+               dict(base, groups=base["groups"].copy()), dict(base)]
     changed[1]["table"][1, 3, 17] = 7.0
     changed[2]["peaks"][1, 23] = 9.0
     changed[3]["weights"][1, 17] = 3.0
     changed[4]["groups"][1, 17] = (base["groups"][1, 17] + 1) % g
-    changed[5]["forms"][1, 17, 2] = 40.0
-    changed[6]["at"][1, 17] = (base["at"][1, 17] + 1) % 3
     call = jax.jit(lambda *a: native._native_sums(*a, n_groups=g))
-    for i, x in enumerate(changed):
+    for i, args in enumerate(changed):
         c = counts.copy()
         if i >= 2:
             c[1, 17] = 5
-        args = (x["table"], x["peaks"], x["weights"], x["groups"], x["forms"], x["at"])
-        _assert_sums(call(c, *args, phi, psi),
-                     _numpy_sums(c, *args[:4], g, *args[4:], phi, psi))
+        got, top, by_group = (np.asarray(x) for x in call(c, *args.values()))
+        c64 = c.astype(np.float64)
+        want = np.einsum("mke,meb->mkb", args["table"].astype(np.float64), c64)
+        one_hot = ((args["groups"][:, None, :] == np.arange(g)[None, :, None])
+                   * args["weights"][:, None])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(top, np.max(np.where(c > 0, args["peaks"][..., None], 0.0),
+                                                  axis=1, initial=0.0).astype(np.float32))
+        np.testing.assert_allclose(by_group, np.einsum("mge,meb->mgb", one_hot, c64),
+                                   rtol=1e-5, atol=1e-4)
 
 
 @needs_native

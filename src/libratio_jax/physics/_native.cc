@@ -7,10 +7,8 @@
 //                      stability.rows_stability computes in XLA;
 //   lj_weighted_sums   per-tenant weighted sums of the counts with a table of per-entry terms
 //                      (a batched matrix product reading one-byte counts as they are), the
-//                      largest of a per-entry table over the entries a plan holds,
-//                      weighted sums of the counts by group of entries, and the counts
-//                      weighted by the larger of two linear forms of per-plan factors (the
-//                      factors and the forms' coefficients computed by the JAX modules);
+//                      largest of a per-entry table over the entries a plan holds, and
+//                      weighted sums of the counts by group of entries;
 //   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
@@ -18,8 +16,7 @@
 // And one plain Python function, compact(): one host plan's (class, format) entries, what
 // rowclasses.compact_entries computes with NumPy (lj.evaluate's single-plan path).
 // Every input is bounds-checked: an out-of-range grid entry reads as padding, a format id
-// outside [0, F) is not counted (lj_format_counts) or reads format 0 (lj_rows_stability), a
-// factor row outside [0, P) makes the first form 0 (lj_weighted_sums).
+// outside [0, F) is not counted (lj_format_counts) or reads format 0 (lj_rows_stability).
 // Built by setup.py (an optional extension: without a compiler the package runs the XLA
 // forms); the XLA FFI headers come from jaxlib (jax.ffi.include_dir()).
 
@@ -453,13 +450,8 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // and sums by group: weights f32 [M, E], group s32 [M, E]; grouped f32 [M, G, b]:
 // grouped[m, g, p] = sum of weights[m, e] * counts[m, e, p] over the entries of group g (an
 // entry whose group is not in [0, G) is in none).
-// And the counts weighted by the larger of two linear forms of per-plan factors: forms f32
-// [M, E, 1 + Q] (u, then v[Q]), at s32 [M, E], phi f32 [M, P, b], psi f32 [M, Q, b]; most f32
-// [M, b]: most[m, p] = sum_e counts[m, e, p] * max(u[m, e] * phi[m, at[m, e], p] (0 for an at
-// outside [0, P)), sum_q v[m, e, q] * psi[m, q, p]).
-// Counts, terms, peaks, weights, forms and factors are finite: an entry that cannot add to a
-// result (every term 0, no positive peak, no group or a weight of 0, forms 0) is skipped. The
-// vector path sums the
+// Counts, terms, peaks and weights are finite: an entry that cannot add to a result (every
+// term 0, no positive peak, no group or a weight of 0) is skipped. The vector path sums the
 // entries group by group (each count read once for the terms, the peak and its group), so
 // its float rounding differs from the scalar path's, which sums in the order of e.
 
@@ -471,15 +463,10 @@ struct SumsArgs {
   const float* peaks;    // [M, E]
   const float* weights;  // [M, E]
   const int32_t* group;  // [M, E]
-  const float* forms;    // [M, E, 1 + Q]
-  const int32_t* at;     // [M, E]
-  const float* phi;      // [M, P, b]
-  const float* psi;      // [M, Q, b]
-  int64_t M, E, K, G, P, Q, b;
+  int64_t M, E, K, G, b;
   float* out;      // [M, K, b]
   float* peak;     // [M, b]
   float* grouped;  // [M, G, b]
-  float* most;     // [M, b]
 };
 
 template <typename T>
@@ -505,19 +492,6 @@ void SumsScalar(const T* counts, const SumsArgs& a, int64_t m, int64_t p0, int64
         if (a.group[m * E + e] == g) acc += a.weights[m * E + e] * float(c[e * b + p]);
       a.grouped[(m * G + g) * b + p] = acc;
     }
-  const int64_t P = a.P, Q = a.Q;
-  for (int64_t p = p0; p < p1; ++p) {
-    float acc = 0.0f;
-    for (int64_t e = 0; e < E; ++e) {
-      const float* f = a.forms + (m * E + e) * (1 + Q);
-      const int32_t at = a.at[m * E + e];
-      float first = 0.0f, second = 0.0f;
-      if (at >= 0 && at < P) first = f[0] * a.phi[(m * P + at) * b + p];
-      for (int64_t q = 0; q < Q; ++q) second += f[1 + q] * a.psi[(m * Q + q) * b + p];
-      acc += float(c[e * b + p]) * std::max(first, second);
-    }
-    a.most[m * b + p] = acc;
-  }
 }
 
 // A tenant's entries that can add to a result, in the order the vector path reads them:
@@ -528,8 +502,6 @@ struct HeldEntries {
   std::vector<float> peaks;      // their peaks
   std::vector<float> weights;    // their weights in their group (0 for none)
   std::vector<int64_t> group_end;  // [G] the end of each group's entries in `held`
-  std::vector<float> forms;      // their forms, [held][1 + Q]
-  std::vector<int32_t> at;       // their rows of phi, -1 for none
 };
 
 HeldEntries Hold(const SumsArgs& a, int64_t m) {
@@ -539,11 +511,9 @@ HeldEntries Hold(const SumsArgs& a, int64_t m) {
     const int32_t g = a.group[m * E + e];
     return g >= 0 && g < G && a.weights[m * E + e] != 0.0f ? int64_t(g) : G;
   };
-  const int64_t Q = a.Q, P = a.P;
   auto adds = [&](int64_t e) {
     bool any = a.peaks[m * E + e] > 0.0f || group_of(e) < G;
     for (int64_t k = 0; k < K && !any; ++k) any = a.table[(m * K + k) * E + e] != 0.0f;
-    for (int64_t q = 0; q <= Q && !any; ++q) any = a.forms[(m * E + e) * (1 + Q) + q] != 0.0f;
     return any;
   };
   // entries bucketed by group in one pass: counted, offsets, then placed in order
@@ -565,10 +535,6 @@ HeldEntries Hold(const SumsArgs& a, int64_t m) {
       h.packed[((k / kSumRows) * n + i) * kSumRows + k % kSumRows] = a.table[(m * K + k) * E + e];
     h.peaks.push_back(a.peaks[m * E + e]);
     h.weights.push_back(group_of(e) < G ? a.weights[m * E + e] : 0.0f);
-    const float* f = a.forms + (m * E + e) * (1 + Q);
-    h.forms.insert(h.forms.end(), f, f + 1 + Q);
-    const int32_t at = a.at[m * E + e];
-    h.at.push_back(at >= 0 && at < P ? at : -1);
   }
   return h;
 }
@@ -597,10 +563,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
   const int hi_n = std::max(0, plans - 16);
   const __mmask16 hi = hi_n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << hi_n) - 1);
   const __m512 zero = _mm512_setzero_ps();
-  __m512 top0 = zero, top1 = zero, most0 = zero, most1 = zero;
-  const int64_t P = a.P, Q = a.Q;
-  const float* phi = a.phi + m * P * b + p0;
-  const float* psi = a.psi + m * Q * b + p0;
+  __m512 top0 = zero, top1 = zero;
   const float* packed = h.packed.data();
   for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += n * kSumRows) {
     const bool first = k0 == 0;
@@ -622,20 +585,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
           const __m512 w = _mm512_set1_ps(h.weights[i]);
           s0 = _mm512_fmadd_ps(w, x0, s0);
           s1 = _mm512_fmadd_ps(w, x1, s1);
-          const float* f = h.forms.data() + i * (1 + Q);
-          __m512 u0 = zero, u1 = zero, v0 = zero, v1 = zero;
-          if (h.at[i] >= 0) {
-            const __m512 u = _mm512_set1_ps(f[0]);
-            u0 = _mm512_mul_ps(u, _mm512_maskz_loadu_ps(lo, phi + h.at[i] * b));
-            u1 = _mm512_mul_ps(u, _mm512_maskz_loadu_ps(hi, phi + h.at[i] * b + 16));
-          }
-          for (int64_t q = 0; q < Q; ++q) {
-            const __m512 v = _mm512_set1_ps(f[1 + q]);
-            v0 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(lo, psi + q * b), v0);
-            v1 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(hi, psi + q * b + 16), v1);
-          }
-          most0 = _mm512_fmadd_ps(x0, _mm512_max_ps(u0, v0), most0);
-          most1 = _mm512_fmadd_ps(x1, _mm512_max_ps(u1, v1), most1);
         }
         const float* t = packed + i * kSumRows;
         for (int j = 0; j < kSumRows; ++j) {
@@ -652,8 +601,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
     if (first) {
       _mm512_mask_storeu_ps(a.peak + m * b + p0, lo, top0);
       _mm512_mask_storeu_ps(a.peak + m * b + p0 + 16, hi, top1);
-      _mm512_mask_storeu_ps(a.most + m * b + p0, lo, most0);
-      _mm512_mask_storeu_ps(a.most + m * b + p0 + 16, hi, most1);
     }
     const int64_t left = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
     for (int j = 0; j < kSumRows; ++j) {
@@ -671,30 +618,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
 // ~1 µs). The tasks of a call read the calling thread's copy until the call returns.
 const std::vector<HeldEntries>& HeldFor(const SumsArgs& a) {
   struct Kept {
-    int64_t M = -1, E = -1, K = -1, G = -1, P = -1, Q = -1;
-    std::vector<char> inputs;  // table, peaks, weights, group, forms and at, byte for byte
+    int64_t M = -1, E = -1, K = -1, G = -1;
+    std::vector<char> inputs;  // table, peaks, weights and group, byte for byte
     std::vector<HeldEntries> held;
   };
   thread_local Kept kept;
-  const size_t ME = size_t(a.M * a.E);
-  const size_t sizes[6] = {ME * size_t(a.K) * sizeof(float), ME * sizeof(float),
-                           ME * sizeof(float), ME * sizeof(int32_t),
-                           ME * size_t(1 + a.Q) * sizeof(float), ME * sizeof(int32_t)};
-  const void* data[6] = {a.table, a.peaks, a.weights, a.group, a.forms, a.at};
-  bool same = kept.M == a.M && kept.E == a.E && kept.K == a.K && kept.G == a.G &&
-              kept.P == a.P && kept.Q == a.Q;
-  for (size_t i = 0, at = 0; i < 6 && same; at += sizes[i], ++i)
+  const size_t sizes[4] = {size_t(a.M * a.K * a.E) * sizeof(float),
+                           size_t(a.M * a.E) * sizeof(float), size_t(a.M * a.E) * sizeof(float),
+                           size_t(a.M * a.E) * sizeof(int32_t)};
+  const void* data[4] = {a.table, a.peaks, a.weights, a.group};
+  bool same = kept.M == a.M && kept.E == a.E && kept.K == a.K && kept.G == a.G;
+  for (size_t i = 0, at = 0; i < 4 && same; at += sizes[i], ++i)
     same = !sizes[i] || std::memcmp(kept.inputs.data() + at, data[i], sizes[i]) == 0;
   if (!same) {
     kept.M = -1;  // (stays invalid if an allocation below throws)
-    size_t total = 0;
-    for (size_t i = 0; i < 6; ++i) total += sizes[i];
-    kept.inputs.resize(total);
-    for (size_t i = 0, at = 0; i < 6; at += sizes[i], ++i)
+    kept.inputs.resize(sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+    for (size_t i = 0, at = 0; i < 4; at += sizes[i], ++i)
       if (sizes[i]) std::memcpy(kept.inputs.data() + at, data[i], sizes[i]);
     kept.held.clear();
     for (int64_t m = 0; m < a.M; ++m) kept.held.push_back(Hold(a, m));
-    kept.M = a.M, kept.E = a.E, kept.K = a.K, kept.G = a.G, kept.P = a.P, kept.Q = a.Q;
+    kept.M = a.M, kept.E = a.E, kept.K = a.K, kept.G = a.G;
   }
   return kept.held;
 }
@@ -720,17 +663,9 @@ void SumsAll(ffi::ThreadPool& pool, const T* counts, const SumsArgs& a) {
 
 ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer<ffi::F32> table,
                         ffi::Buffer<ffi::F32> peaks, ffi::Buffer<ffi::F32> weights,
-                        ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::F32> forms,
-                        ffi::Buffer<ffi::S32> at, ffi::Buffer<ffi::F32> phi,
-                        ffi::Buffer<ffi::F32> psi, ffi::ResultBuffer<ffi::F32> out,
-                        ffi::ResultBuffer<ffi::F32> peak, ffi::ResultBuffer<ffi::F32> grouped,
-                        ffi::ResultBuffer<ffi::F32> most) {
+                        ffi::Buffer<ffi::S32> group, ffi::ResultBuffer<ffi::F32> out,
+                        ffi::ResultBuffer<ffi::F32> peak, ffi::ResultBuffer<ffi::F32> grouped) {
   const auto cd = counts.dimensions();
-  const auto fd = forms.dimensions();
-  const auto ad = at.dimensions();
-  const auto hd = phi.dimensions();
-  const auto sd2 = psi.dimensions();
-  const auto md = most->dimensions();
   const auto td = table.dimensions();
   const auto vd = peaks.dimensions();
   const auto wd = weights.dimensions();
@@ -746,15 +681,9 @@ ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer
       vd[1] != E || pd[0] != M || pd[1] != b || wd[0] != M || wd[1] != E || gd[0] != M ||
       gd[1] != E || sd[0] != M || sd[2] != b)
     return ffi::Error::InvalidArgument("lj_weighted_sums: shapes do not match");
-  if (fd.size() != 3 || ad.size() != 2 || hd.size() != 3 || sd2.size() != 3 || md.size() != 2 ||
-      fd[0] != M || fd[1] != E || fd[2] < 1 || ad[0] != M || ad[1] != E || hd[0] != M ||
-      hd[2] != b || sd2[0] != M || sd2[1] != fd[2] - 1 || sd2[2] != b || md[0] != M ||
-      md[1] != b)
-    return ffi::Error::InvalidArgument("lj_weighted_sums: the forms' shapes do not match");
   const SumsArgs a{table.typed_data(), peaks.typed_data(), weights.typed_data(),
-                   group.typed_data(), forms.typed_data(), at.typed_data(), phi.typed_data(),
-                   psi.typed_data(), M, E, K, G, hd[1], fd[2] - 1, b, out->typed_data(),
-                   peak->typed_data(), grouped->typed_data(), most->typed_data()};
+                   group.typed_data(), M, E, K, G, b, out->typed_data(), peak->typed_data(),
+                   grouped->typed_data()};
   if (counts.element_type() == ffi::DataType::U8)
     SumsAll(pool, static_cast<const uint8_t*>(counts.untyped_data()), a);
   else if (counts.element_type() == ffi::DataType::F32)
@@ -801,11 +730,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjWeightedSums, WeightedSums,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -60,8 +60,8 @@ from libratio_jax.physics.throughput import (
     grouped_launch_seconds,
     launch_groups,
     roofline_factors,
-    roofline_forms,
     roofline_rows,
+    row_roofline,
     step_row_terms,
     tenant_step_time,
 )
@@ -350,8 +350,8 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     made XLA transpose the counts to the plans' axis first and write every entry's terms
     before a contraction (~1.5 µs per plan on the 2-core machine); here they are one native
     pass over the counts (``native.weighted_sums``: the row terms' sums, the largest held
-    entry, the launches' weights per launch cost, the roofline as two linear forms of the
-    plan's factors), the baseline's per-class roofline in XLA."""
+    entry, the launches' weights per launch cost) and the roofline's fused elementwise pass
+    over the batch-last counts (``rowclasses.class_total``)."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
         return roofline_factors(workload, pool, dp, recompute, mb,
@@ -375,14 +375,11 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # tenant (16,384 plans, no layer_stability, alternating processes: 312-418 -> 454-489 k
     # plans/s).
     r = native.fence(jax.tree.map(batch_last, r))
-    # The roofline as two linear forms of the plan's factors (throughput.roofline_forms):
-    # flops [M, C, F, 1], speed [M, 1, F, b], traffic [M, C, F, 1, 3], rates [M, 1, 1, b, 3].
-    flops, speed, traffic, rates = roofline_forms(r, rows)
+    roof, _ = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
     # The plan-independent terms of every module's sums, one contraction with the counts.
-    # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be), the
-    # launches' weights summed by launch cost (throughput.launch_groups), and the counts
-    # weighted by each entry's roofline (its format's row of ``speed``): no per-entry pass
-    # of their own (as an XLA kernel over [M, C, F, b], the roofline's ~120-160 ns per plan).
+    # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be), and the
+    # launches' weights summed by launch cost (throughput.launch_groups): linear in the
+    # counts, no per-entry pass of their own.
     terms = rows["terms"]  # {module: [M, K, C, F]}
     m, c, f, b = counts.shape
     keys = [(name, k) for name, t in terms.items() for k in range(t.shape[1])]
@@ -391,25 +388,17 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     def flat(x):  # [M, C, F, 1] -> [M, C x F]
         return x.reshape(m, c * f)
 
-    def in_xla(x, t, v, w, g, forms, at, phi, psi):
+    def in_xla(x, t, v, w, g):
         x = x.astype(jnp.float32)
         by_group = (g[:, None, :] == jnp.arange(LAUNCH_GROUPS)[:, None]) * w[:, None, :]
-        held = (at >= 0) & (at < phi.shape[1])
-        first = jnp.where(held, forms[..., 0], 0.0)[..., None] * jnp.take_along_axis(
-            phi, jnp.clip(at, 0, phi.shape[1] - 1)[..., None], axis=1)  # [M, E, b]
-        second = jnp.einsum("meq,mqb->meb", forms[..., 1:], psi)
         return (jnp.einsum("mke,meb->mkb", t, x), _largest_present(x, v),
-                jnp.einsum("mge,meb->mgb", by_group, x),
-                jnp.sum(x * jnp.maximum(first, second), axis=1))
+                jnp.einsum("mge,meb->mgb", by_group, x))
 
     sums = native.weighted_sums(
         counts.reshape(m, c * f, b),
         jnp.stack([terms[name][:, k] for name, k in summed], axis=1).reshape(m, -1, c * f),
         flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"]),
-        LAUNCH_GROUPS,
-        jnp.concatenate([flops[..., None], traffic], axis=-1).reshape(m, c * f, -1),
-        jnp.broadcast_to(jnp.arange(f, dtype=jnp.int32), (m, c, f)).reshape(m, c * f),
-        speed[:, 0], jnp.moveaxis(rates[:, 0, 0], -1, 1), in_xla)
+        LAUNCH_GROUPS, in_xla)
     totals = {key: sums.sums[:, j] for j, key in enumerate(summed)}  # [M, b] each
     for name, k in _FORMAT_FREE_TERMS:  # its BF16 column times the class sizes
         constant = jnp.sum(rows["class_rows"][:, :, 0, 0] * terms[name][:, k, :, F.BF16], axis=-1)
@@ -430,20 +419,12 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     def bf16(x):  # the BF16 column weighted by the class sizes
         return rows["class_rows"] * bf16_column(x)
 
-    # each class's roofline in BF16, [M, C, 1, b] (the dot product over the 3 rates
-    # unrolled: XLA's CPU code runs a small reduction as a library call)
-    tb = bf16_column(traffic)
-    bf16_roof = jnp.maximum(bf16_column(flops) * bf16_column(speed),
-                            tb[..., 0] * rates[..., 0] + tb[..., 1] * rates[..., 1]
-                            + tb[..., 2] * rates[..., 2])
-
     bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
         jnp.arange(m)[:, None], bf16_column(rows["launch_group"])[:, :, 0, 0]].add(
             bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
-    return dict(roofline=(sums.most, launches(sums.by_group)),
+    return dict(roofline=(class_total(counts * roof), launches(sums.by_group)),
                 largest_layer=sums.peak,
-                bf16=native.fence((class_total(rows["class_rows"] * bf16_roof),
-                                   launches(bf16_groups))),
+                bf16=native.fence((class_total(bf16(roof)), launches(bf16_groups))),
                 **{name: tuple(totals[name, k] for k in range(t.shape[1]))
                    for name, t in terms.items()})
 

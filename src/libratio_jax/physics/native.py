@@ -12,11 +12,9 @@ the CPU:
   64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters),
   a chunk of a batch read where it lies;
 - ``lj_weighted_sums``: the counts summed against a table of per-entry terms, the largest
-  of a per-entry table over the entries a plan holds, weighted sums per group of entries,
-  and the counts weighted by the larger of two linear forms of per-plan factors
+  of a per-entry table over the entries a plan holds, and weighted sums per group of entries
   (:func:`weighted_sums`), reading one-byte counts as they are (XLA's matrix products need a
-  float copy of them), once for all four, and skipping the entries that cannot add to a
-  result;
+  float copy of them) and skipping the entries that cannot add to a result;
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
@@ -25,12 +23,12 @@ Beside them, one plain function of the extension (no XLA), ``compact``
 (:func:`compact_pairs`): one host plan's (class, format) entries, what
 ``rowclasses.compact_entries`` computes with NumPy.
 
-None holds physics: they count, multiply by tables and factors the physics modules
-computed, take maxima, pick and copy. Each is used only on the CPU, only where it computes
-what its XLA form does (exactly; the weighted sums up to float rounding; the tests compare
-them on hostile inputs), and only after a check in this process: on other platforms,
-without the extension, on a CPU without AVX-512 (the counts), with ``LIBRATIO_NATIVE=0`` in
-the environment or when the check fails, the XLA forms run. :func:`status` says which.
+None holds physics: they count, multiply by tables the physics modules computed, pick and
+copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
+the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
+after a check in this process: on other platforms, without the extension, on a CPU without
+AVX-512 (the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
+the XLA forms run. :func:`status` says which.
 
 Example:
     >>> from libratio_jax.physics import native
@@ -179,43 +177,34 @@ class EntrySums(NamedTuple):
     sums: jax.Array  # [M, K, b]: sum_e table[m, k, e] * counts[m, e, p]
     peak: jax.Array  # [M, b]: the largest peak of the entries held (at least 0)
     by_group: jax.Array  # [M, G, b]: sum of weights[m, e] * counts[m, e, p] per group
-    most: jax.Array  # [M, b]: sum_e counts[m, e, p] * the larger of the entry's two forms
 
 
-def weighted_sums(counts, table, peaks, weights, groups, n_groups: int, forms, at, phi, psi,
-                  xla_fn) -> EntrySums:
+def weighted_sums(counts, table, peaks, weights, groups, n_groups: int, xla_fn) -> EntrySums:
     """Sums of the counts ``[M, E, b]`` (uint8 or float32, the plans last:
     :func:`format_counts`' layout) over each tenant's entries: weighted by each term of
     ``table float32[M, K, E]``; the largest of ``peaks float32[M, E]`` over the entries a
     plan holds (``counts > 0``; at least 0, 0 for none); weighted by ``weights float32[M, E]``
-    within each group (``groups int32[M, E]`` in ``[0, n_groups)``; other ids: no group);
-    weighted by the larger of two linear forms of the plan's factors, ``max(u[m, e] x
-    phi[m, at[m, e], p], sum_q v[m, e, q] x psi[m, q, p])`` with ``forms float32[M, E, 1 +
-    Q]`` holding ``u`` then ``v``, ``at int32[M, E]`` (an ``at`` outside ``[0, P)``: the first
-    form is 0), ``phi float32[M, P, b]``, ``psi float32[M, Q, b]``.
+    within each group (``groups int32[M, E]`` in ``[0, n_groups)``; other ids: no group).
     The native kernel on the CPU when :func:`status` allows it (it reads one-byte counts as
-    they are, once for all four; a matrix product in XLA needs a float copy of them), else
-    ``xla_fn(counts, table, peaks, weights, groups, forms, at, phi, psi)``, which must return
-    the same (an :class:`EntrySums`) up to float rounding, the peaks exactly. Inputs are
-    finite."""
-    table, peaks, weights, forms, phi, psi = (jnp.asarray(x, jnp.float32) for x in (
-        table, peaks, weights, forms, phi, psi))
-    groups, at = jnp.asarray(groups, jnp.int32), jnp.asarray(at, jnp.int32)
-    args = (counts, table, peaks, weights, groups, forms, at, phi, psi)
+    they are; a matrix product in XLA needs a float copy of them), else ``xla_fn(counts,
+    table, peaks, weights, groups)``, which must return the same (an :class:`EntrySums`) up
+    to float rounding, the peaks exactly. Inputs are finite."""
+    table, peaks, weights = (jnp.asarray(x, jnp.float32) for x in (table, peaks, weights))
+    groups = jnp.asarray(groups, jnp.int32)
     if not status().sums:
-        return EntrySums(*xla_fn(*args))
+        return EntrySums(*xla_fn(counts, table, peaks, weights, groups))
     return EntrySums(*_cpu_only(functools.partial(_native_sums, n_groups=n_groups),
-                                lambda *a: tuple(xla_fn(*a)), *args))
+                                lambda *a: tuple(xla_fn(*a)), counts, table, peaks, weights,
+                                groups))
 
 
-def _native_sums(counts, table, peaks, weights, groups, forms, at, phi, psi, n_groups: int):
+def _native_sums(counts, table, peaks, weights, groups, n_groups: int):
     m, _, b = counts.shape
     return tuple(jax.ffi.ffi_call(
         "lj_weighted_sums", (_result(counts, (m, table.shape[1], b), jnp.float32),
                              _result(counts, (m, b), jnp.float32),
-                             _result(counts, (m, n_groups, b), jnp.float32),
-                             _result(counts, (m, b), jnp.float32)),
-        vmap_method="sequential")(counts, table, peaks, weights, groups, forms, at, phi, psi))
+                             _result(counts, (m, n_groups, b), jnp.float32)),
+        vmap_method="sequential")(counts, table, peaks, weights, groups))
 
 
 def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]):
@@ -328,31 +317,20 @@ def _self_check(counts: bool) -> None:
     peaks = rng.normal(size=(m, l)).astype(np.float32)
     weights = rng.normal(size=(m, l)).astype(np.float32)
     groups = rng.integers(-1, 4, (m, l)).astype(np.int32)  # -1: no group
-    forms = rng.normal(size=(m, l, 3)).astype(np.float32)  # u, v[2]
-    at = rng.integers(-1, 6, (m, l)).astype(np.int32)  # 5 rows of phi; -1 and 5: none
-    phi = rng.normal(size=(m, 5, b)).astype(np.float32)
-    psi = rng.normal(size=(m, 2, b)).astype(np.float32)
     for dtype in (np.uint8, np.float32):
         counts = np.ascontiguousarray(np.moveaxis(ids, 0, -1)).astype(dtype)  # [m, l, b]
         counts[:, :, :3] = 0  # plans holding nothing
-        got, top, by_group, most = (np.asarray(x) for x in jax.jit(functools.partial(
-            _native_sums, n_groups=4))(counts, terms, peaks, weights, groups, forms, at, phi,
-                                       psi))
+        got, top, by_group = (np.asarray(x) for x in jax.jit(functools.partial(
+            _native_sums, n_groups=4))(counts, terms, peaks, weights, groups))
         c64 = counts.astype(np.float64)
         want = np.einsum("mke,meb->mkb", terms.astype(np.float64), c64)
         want_top = np.max(np.where(counts > 0, peaks[..., None], 0.0), axis=1, initial=0.0)
         one_hot = (groups[:, None, :] == np.arange(4)[None, :, None]) * weights[:, None, :]
         want_groups = np.einsum("mge,meb->mgb", one_hot.astype(np.float64), c64)
-        first = np.where((at >= 0) & (at < 5), forms[..., 0], 0.0)[..., None] * np.take_along_axis(
-            phi.astype(np.float64), np.clip(at, 0, 4)[..., None], axis=1)  # [m, l, b]
-        second = np.einsum("meq,mqb->meb", forms[..., 1:].astype(np.float64), psi)
-        want_most = np.sum(c64 * np.maximum(first, second), axis=1)
-        scale = np.sum(c64 * np.maximum(np.abs(first), np.abs(second)), axis=1)
         if not (np.allclose(got, want, rtol=1e-5, atol=1e-3)
                 and np.array_equal(top, want_top.astype(np.float32))
-                and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)
-                and np.all(np.abs(most - want_most) <= 1e-5 * scale + 1e-3)):
-            raise RuntimeError("lj_weighted_sums differs from NumPy's products and maxima")
+                and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)):
+            raise RuntimeError("lj_weighted_sums differs from NumPy's products and maximum")
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")

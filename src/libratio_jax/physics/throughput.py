@@ -210,33 +210,6 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
             jnp.where(rows["valid"], launch_count * fixed, 0.0))
 
 
-def roofline_forms(r: Roofline, rows: dict):
-    """:func:`row_roofline`'s roofline seconds, ``max(compute, memory)``, as two linear forms
-    of the plan's factors with per-row coefficients, for a caller that weights rows by
-    counts without a per-row pass (the class path: ``native.weighted_sums``). Returns
-    ``(flops, speed, traffic, rates)``:
-
-    - compute = ``flops x speed[f]``: ``flops`` the row's FLOPs per token (0 for an invalid
-      row, shaped like the rows), ``speed`` ``work x seconds_per_flop`` (shaped like ``r``'s
-      per-format columns: the row's format picks its own);
-    - memory = ``traffic . rates``: ``traffic`` ``rows + [3]`` (a dense row's weight bytes, an
-      expert row's, the activation traffic per token; 0 for an invalid row), ``rates``
-      ``r``'s shape ``+ [3]`` (dense and expert weight reads, and ``work``, each per HBM byte
-      per second).
-    """
-    valid = rows["valid"]
-    train_reads = r.passes * r.micro_batches
-    weights = jnp.where(valid, rows["weight_bytes"], 0.0)
-    expert = rows["is_expert"]
-    traffic = jnp.stack([jnp.where(expert, 0.0, weights), jnp.where(expert, weights, 0.0),
-                         jnp.where(valid, rows["io_bytes_per_token"], 0.0)], axis=-1)
-    rates = jnp.stack([jnp.where(r.is_train, train_reads, 1.0),
-                       jnp.where(r.is_train, train_reads, r.touched), r.work],
-                      axis=-1) / r.hbm_bytes_per_second[..., None]
-    flops = jnp.where(valid, rows["flops_per_token"], 0.0)
-    return flops, r.work * r.seconds_per_flop, traffic, rates
-
-
 # The launches' sum of row_roofline grouped by launch cost: a GEMM row launches at its
 # format's fixed cost (group = its format), any other row at KERNEL_LAUNCH_SECONDS (group
 # NUM_FORMATS). A caller that sums weights per group (the class path, native.weighted_sums)
