@@ -595,6 +595,33 @@ def test_terms_left_out_of_the_contraction(which):
     assert summed == 8
 
 
+def test_pool_speed_columns_computed_per_pool_equal_per_tenant():
+    """``kernel._tenant_pools`` picks each tenant's ``format_speed`` from columns computed
+    once per pool (a batch no longer recomputes them per plan): equal to
+    ``format_speed_columns`` of the tenant's own pool, on a cluster of three pools with pool
+    ids out of range (clipped, as the pool scalars are), and ``roofline_factors`` reads the
+    same columns with or without them."""
+    from libratio_jax.physics import throughput as T
+
+    sc = lj.Scenario.build(lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4, "A100-80GB": 4}),
+                           [lj.Tenant("tiny-llama", dict(mode="train", batch=8, seq_len=512))],
+                           max_tenants=5)
+    pool = jnp.asarray([2, 0, 7, -3, 1], jnp.int32)
+    idx, pools = jax.jit(kernel._tenant_pools)(sc.cluster, pool)
+    np.testing.assert_array_equal(np.asarray(idx), [2, 0, 2, 0, 1])
+    for m, p in enumerate(np.asarray(idx)):
+        want = T.format_speed_columns(sc.cluster.peak_flops[p])
+        np.testing.assert_array_equal(np.asarray(pools["format_speed"][m]), np.asarray(want))
+    assert len({tuple(np.asarray(pools["format_speed"][m, :, 0])) for m in (0, 1, 4)}) == 3
+    one = jax.tree.map(lambda x: x[0], pools)
+    args = (jax.tree.map(lambda x: x[0], sc.workloads), jnp.float32(2.0), jnp.int32(1),
+            jnp.float32(2.0))
+    with_cols = T.roofline_factors(args[0], one, *args[1:])
+    without = T.roofline_factors(args[0], {k: v for k, v in one.items() if k != "format_speed"},
+                                 *args[1:])
+    chex.assert_trees_all_equal(with_cols, without)
+
+
 def _tiny_full_resolution(first=_TINY_MOE):
     return lj.Scenario.build(
         lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),

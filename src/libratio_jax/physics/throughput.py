@@ -161,12 +161,17 @@ def roofline_factors(workload, pool, dp, recompute, micro_batch, clock=1.0, *,
     training runs every row ``passes`` times over the replica's tokens and reads its weights
     once per micro-batch per pass; serving (one decode iteration) runs every row once over
     the replica's sequences and reads its weights once (an expert's with probability
-    ``1 - (1 - k/E)^sequences``)."""
+    ``1 - (1 - k/E)^sequences``). ``pool`` may hold ``format_speed``, the pool's
+    :func:`format_speed_columns` at full clock computed once per pool (a batch's plans
+    otherwise recompute them per plan: ~0.3 µs per full-resolution plan on a cluster of two
+    pools), used when ``clock`` is the default 1.0."""
     passes = jnp.float32(1.0) if forward_only else 3.0 + (recompute > 0)
     tokens_replica = workload.batch * workload.seq_len / dp
     seqs = workload.batch / dp
     k_over_e = experts_per_token / jnp.maximum(n_experts, 1.0)
-    cols = format_speed_columns(pool["peak_flops"], clock)
+    full_clock = isinstance(clock, float) and clock == 1.0
+    cols = (pool["format_speed"] if full_clock and "format_speed" in pool
+            else format_speed_columns(pool["peak_flops"], clock))
     is_train = workload.mode == TRAIN
     return Roofline(
         is_train=is_train, passes=passes,
