@@ -67,6 +67,9 @@ STABILITY_TABLE = np.exp(_log_score(
     -EFFECTIVE_ROUNDOFF, TOLERANCE[:, None], np.array([False, True])[:, None, None],
     np.arange(F.NUM_FORMATS) == F.FP16, np.where))
 KV_STABILITY = np.exp(_log_score(-EFFECTIVE_ROUNDOFF, KV_CACHE_TOLERANCE, True, False, np.where))
+# Its logarithm per format, as the plans' physics reads it (a table: a log per plan was a
+# kernel of its own, ~10 ns per full-resolution plan).
+_KV_LOG_STABILITY = np.log(KV_STABILITY).astype(np.float32)
 
 
 def layer_log_stability(model: A.ModelSpec, mode, precision):
@@ -145,8 +148,7 @@ def tenant_stability(model: A.ModelSpec, mode, precision, kv_precision, row_weig
     """
     logs = layer_log_stability(model, mode, precision)
     serving = mode != TRAIN
-    kv_log = jnp.where(serving, jnp.log(jnp.asarray(KV_STABILITY, jnp.float32)[kv_precision]),
-                       0.0)
+    kv_log = jnp.where(serving, jnp.asarray(_KV_LOG_STABILITY)[kv_precision], 0.0)
     # Diverges when a row in the plan scores below the threshold: counted rather than a
     # minimum over the rows present, so that with format counts (``row_weight``) it is one
     # more contraction of the counts with a plan-independent term, not a per-plan extremum.
