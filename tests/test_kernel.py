@@ -470,16 +470,48 @@ def test_rows_layer_stability_equals_a_numpy_reference(dtype, batched):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
-def test_merged_batch_equals_single_plan_physics():
-    """A batch of merged-row plans (its ``layer_stability`` computed after the chunks) gives
-    the metrics of each plan alone, hostile plans included: an invalid tenant's rows score
-    as its sanitized formats, in the batch as alone."""
-    sc = lj.reference_scenario(block_groups=1)
+@pytest.mark.parametrize("block_groups", [1, 2])
+def test_merged_batch_equals_single_plan_physics(block_groups):
+    """A batch of merged-row plans, counted and summed by class on the CPU with each row a
+    class of its own (its ``layer_stability`` computed after the chunks), gives the metrics
+    of each plan alone by the row-by-row physics, hostile plans included: an invalid
+    tenant's rows score as its sanitized formats, in the batch as alone."""
+    sc = lj.reference_scenario(block_groups=block_groups)
+    assert sc.row_classes is None and kernel._by_class(sc) == native.status().counts
     plans = _spoiled(sample_plans(sc, 48, seed=6), np.int32)
     batched = jax.jit(lambda p: lj.evaluate(sc, p))(plans)
     single = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
     assert 0.3 < np.asarray(single.plan_valid).mean() < 1.0
-    chex.assert_trees_all_close(batched, single, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(batched.plan_valid),
+                                  np.asarray(single.plan_valid))
+    chex.assert_trees_all_close(batched, single, rtol=1e-5, atol=1e-6)
+
+
+def test_own_classes_hold_each_merged_row_once():
+    """``rowclasses.own_classes``: every valid row of a merged model is the one slot of its
+    own class (padding rows and the classes past ``L`` hold none, their count 0), the
+    classes are padded to ``OWN_CLASS_MULTIPLE``, and each class's pseudo-row is the row as
+    it is in every format (it stands for the row's own sub-layers, weight 1)."""
+    from libratio_jax.physics.rowclasses import OWN_CLASS_MULTIPLE, own_classes
+
+    sc = lj.reference_scenario(block_groups=1)
+    models, grid, sizes = jax.jit(own_classes)(sc.models)
+    m, l = sc.models.kind.shape
+    grid, sizes, valid = np.asarray(grid), np.asarray(sizes), np.asarray(sc.models.valid)
+    c = grid.shape[1]
+    assert grid.shape == (m, c, 1) and c % OWN_CLASS_MULTIPLE == 0 and l <= c < l + 4
+    for t in range(m):
+        rows = [r for r in range(l) if valid[t, r]]
+        assert [int(x) for x in grid[t, :, 0] if x < l] == rows
+        assert np.all(grid[t, len(rows):, 0] == l) and sizes[t].sum() == len(rows)
+    np.testing.assert_array_equal(sizes, grid[..., 0] < l)
+    for name in ("params", "flops_per_token", "act_bytes_per_token", "count"):
+        want = np.where(valid, np.asarray(getattr(sc.models, name)), 0.0)
+        got = np.asarray(getattr(models, name))  # [M, C, F]
+        np.testing.assert_array_equal(got[:, :l], np.broadcast_to(want[..., None],
+                                                                 got[:, :l].shape))
+        assert not np.asarray(models.valid)[:, l:].any()
+    np.testing.assert_array_equal(np.asarray(models.valid)[:, :l, 0], valid)
 
 
 def test_class_extrema_read_only_the_formats_a_plan_holds():
@@ -574,14 +606,16 @@ def test_launches_regrouped_by_cost_equal_the_rows_sum():
         assert float(jnp.sum(launches)) > 0
 
 
-@pytest.mark.parametrize("which", ["reference", "tiny"])
+@pytest.mark.parametrize("which", ["reference", "tiny", "merged"])
 def test_terms_left_out_of_the_contraction(which):
     """The class path contracts the counts with only some of the modules' row terms
     (``kernel._FORMAT_FREE_TERMS``, ``_SAME_TERMS``): each term it leaves out as format-free
     is the same in every format of every class (so its sum over a tenant whose rows all count
     is its class sizes times one column), and each it takes from another module equals it,
-    on the modules' own tables of a dense training and a mixed MoE scenario."""
-    sc = lj.reference_scenario() if which == "reference" else _tiny_full_resolution()
+    on the modules' own tables of a dense training and a mixed MoE scenario and of merged
+    rows (each row a class of its own)."""
+    sc = {"reference": lj.reference_scenario, "tiny": _tiny_full_resolution,
+          "merged": functools.partial(lj.reference_scenario, block_groups=1)}[which]()
     terms = jax.jit(lambda s: kernel._class_rows(s)["terms"])(sc)
     terms = {k: np.asarray(v) for k, v in terms.items()}
     for name, k in kernel._FORMAT_FREE_TERMS:

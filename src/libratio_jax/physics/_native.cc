@@ -292,8 +292,11 @@ LJ_AVX512 void CountTile(const uint8_t* tile, const Grid& g, int64_t k, int64_t 
         if (S == 0) break;
       }
     }
-    bool* done = complete + size_t(m) * k + p0;
-    for (int j = 0; j < plans; ++j) done[j] = (ok >> j) & 1;
+    // one byte (0 or 1) per plan, one masked store (a scalar loop was ~20% of a tile's time
+    // with merged rows)
+    _mm512_mask_storeu_epi8(complete + size_t(m) * k + p0,
+                            plans == 64 ? ~__mmask64{0} : ((__mmask64{1} << plans) - 1),
+                            _mm512_maskz_mov_epi8(ok, one));
   }
 }
 

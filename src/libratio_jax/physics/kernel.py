@@ -51,6 +51,7 @@ from libratio_jax.physics.rowclasses import (
     entry_model,
     format_counts,
     format_ids,
+    own_classes,
     row_pairs,
 )
 from libratio_jax.physics.scenario import TRAIN, Scenario
@@ -302,9 +303,30 @@ def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, cou
     # An invalid or absent tenant has no GPUs in ``fields``, so every metric of it is gated
     # off and its counts (finite whatever the plan: out-of-domain rows are not counted) need
     # no replacing (XLA would recompute the whole check inside every per-entry kernel).
-    out = _evaluate_tenants(scenario, jax.vmap(class_model)(scenario.coarse_models),
-                            F.FORMAT_AXIS, None, fields, valid, counts, sums)
+    out = _evaluate_tenants(scenario, _classes(scenario)[0], F.FORMAT_AXIS, None, fields, valid,
+                            counts, sums)
     return out.replace(layer_stability=None)  # the class model's, not the plan's rows
+
+
+def _classes(scenario: Scenario) -> tuple:
+    """``(class models [M, C, F], grid int32[M, C, S], class sizes float32[M, C])`` that the
+    class path counts and sums a batch by: the row classes of a full-resolution scenario
+    (``rowclasses.class_model`` of its merged rows, ``row_classes``, the merged rows'
+    ``count``), or each merged row a class of its own (``rowclasses.own_classes``)."""
+    if scenario.row_classes is None:
+        return own_classes(scenario.models)
+    coarse = scenario.coarse_models
+    return (jax.vmap(class_model)(coarse), scenario.row_classes,
+            jnp.where(coarse.valid, coarse.count, 0.0))
+
+
+def _by_class(scenario: Scenario) -> bool:
+    """Whether :func:`evaluate_batch` counts and sums a batch by class: at full resolution
+    always; with merged rows on the CPU with the native kernels (65,536 plans, one process,
+    no ``layer_stability``: 1.05-1.30 -> 1.31-1.63 M plans/s; elsewhere not measured, so
+    row by row as before)."""
+    return scenario.row_classes is not None or (jax.default_backend() == "cpu"
+                                                and native.status().counts)
 
 
 def _class_rows(scenario: Scenario) -> dict:
@@ -315,7 +337,7 @@ def _class_rows(scenario: Scenario) -> dict:
     ``launch_group``: ``throughput.launch_groups``); ``class_rows [M, C, 1, 1]``, the rows of
     each class; ``terms``, per module its plan-independent row terms (``_ROW_TERMS``),
     ``[M, K, C, F]``."""
-    models = jax.vmap(class_model)(scenario.coarse_models)
+    models, _, sizes = _classes(scenario)
     rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
     storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
     gather = jax.vmap(layer_gather_bytes, in_axes=(0, None))(models, storage)
@@ -323,8 +345,7 @@ def _class_rows(scenario: Scenario) -> dict:
     rows["launch_weight"], rows["launch_group"] = jax.vmap(launch_groups, in_axes=(0, None, 0))(
         rows, F.FORMAT_AXIS, scenario.workloads.mode == TRAIN)
     out = {k: jnp.broadcast_to(v, models.valid.shape)[..., None] for k, v in rows.items()}
-    coarse = scenario.coarse_models
-    out["class_rows"] = jnp.where(coarse.valid, coarse.count, 0.0)[:, :, None, None]
+    out["class_rows"] = sizes[:, :, None, None]
     out["terms"] = {name: jax.vmap(lambda model, workload, fn=fn: jnp.stack(
         [jnp.broadcast_to(x, model.valid.shape) for x in fn(model, workload)]))(
             models, scenario.workloads) for name, fn in _ROW_TERMS.items()}  # [M, K, C, F]
@@ -522,27 +543,29 @@ def cpu_chunk(entries_per_plan: int, budget: int = CPU_CHUNK_ENTRIES) -> int:
 
 
 def class_chunk(scenario: Scenario) -> int:
-    """Plans per chunk on CPU when a full-resolution scenario's plans are counted by class
-    (``tenant slots x classes x formats`` entries per plan within ``CLASS_CHUNK_ENTRIES``):
-    512 on the reference scenario."""
-    return cpu_chunk(scenario.num_tenants * scenario.row_classes.shape[-2] * F.NUM_FORMATS,
+    """Plans per chunk on CPU when a scenario's plans are counted by class (:func:`_classes`;
+    ``tenant slots x classes x formats`` entries per plan within ``CLASS_CHUNK_ENTRIES``):
+    512 on the reference scenario, full resolution or merged rows."""
+    return cpu_chunk(scenario.num_tenants * _classes(scenario)[1].shape[-2] * F.NUM_FORMATS,
                      CLASS_CHUNK_ENTRIES)
 
 
 def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = True) -> Metrics:
     """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``: on a
     full-resolution scenario (``scenario.row_classes`` set) by format counts per row class
-    (:func:`evaluate_counted`), else :func:`evaluate_one` per plan; chunked on CPU
+    (:func:`evaluate_counted`), with merged rows on the CPU the same way with each row a
+    class of its own (:func:`_by_class`), else :func:`evaluate_one` per plan; chunked on CPU
     (:func:`map_chunks`), the per-row ``layer_stability [B, M, L]`` after the chunks
     (:func:`rows_layer_stability`). ``layer_stability=False`` leaves that field None (the
     class path then reads each row once, to count it)."""
     m, l = scenario.num_tenants, scenario.num_layers
-    if scenario.row_classes is None:
+    if not _by_class(scenario):
         def chunk(p):
             return jax.vmap(lambda q: evaluate_one(scenario, q).replace(layer_stability=None))(p)
         args, size = plan, cpu_chunk(m * l)
     else:
         rows = _class_rows(scenario)
+        grid = _classes(scenario)[1]
         size = class_chunk(scenario)
         # One-byte plans of a chunked batch are counted where they lie in the batch by the
         # native kernel (XLA copied each chunk's rows for it, ~0.15 µs per plan); others
@@ -557,7 +580,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
             else:
                 start, precision, opts = None, rows_or_index, {}
             # [M, C, F, b] as the kernel writes them (uint8 where they fit), [M, b]
-            counts, complete = format_counts(scenario.row_classes, precision, start=start,
+            counts, complete = format_counts(grid, precision, start=start,
                                              with_complete=True, compact=True, **opts)
             sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario),
@@ -867,8 +890,9 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     validation is skipped and the pure function is used directly. With ``validate=False`` an
     out-of-domain plan is not refused but evaluated as its sanitizer says (its tenants idle,
     ``plan_valid`` False), host integers beyond int32 included (they are not wrapped). A
-    batch at full resolution (``scenario.row_classes`` set) is summed by format counts per
-    row class (``physics.rowclasses``); ``layer_stability=False`` skips the one per-row
+    batch at full resolution (``scenario.row_classes`` set), and on the CPU one of merged
+    rows, is summed by format counts per row class (``physics.rowclasses``; merged rows
+    each a class of their own); ``layer_stability=False`` skips the one per-row
     output (``Metrics.layer_stability`` is then None), which is most of what such a batch
     costs beyond reading its rows. With inline CPU dispatch (:func:`inline_cpu_dispatch`)
     one plan (NumPy or concrete JAX arrays; unvalidated too, when its shapes, dtypes and

@@ -209,6 +209,35 @@ def class_model(coarse):
                         jnp.ones(coarse.kind.shape + (F.NUM_FORMATS,), jnp.float32))
 
 
+# Merged rows (a scenario built with ``block_groups``, no ``row_classes``) take the same
+# class path on the CPU (``physics.kernel.evaluate_batch``), each row a class of its own:
+# classes padded to a multiple of this many, so that a tenant's ``classes x F`` entries are
+# a multiple of 16 floats, the native sums' vectors (the reference scenario's 14 merged rows:
+# 16 classes; with 14, 168 entries, the batch ran no faster than row by row).
+OWN_CLASS_MULTIPLE = 4
+
+
+def own_classes(models):
+    """The class path's tables for merged rows, every row a class of one slot: ``(class
+    models, grid, sizes)`` of models ``[M, L]`` (``ModelSpec``): ``[M, C, F]`` pseudo-rows,
+    each row as it is in every format (it stands for its own ``count`` of sub-layers, so its
+    weight is 1 where :func:`class_model`'s pseudo-row is one sub-layer), the grid ``int32[M,
+    C, 1]`` (row ``r`` is class ``r``; padding ``L``) and the class sizes ``float32[M, C]``
+    (1 for a valid row), with ``C`` = ``L`` rounded up to ``OWN_CLASS_MULTIPLE``."""
+    m, l = models.kind.shape
+    c = -(-l // OWN_CLASS_MULTIPLE) * OWN_CLASS_MULTIPLE
+
+    def padded(x, value=0):  # [M, L] -> [M, C]
+        return jnp.pad(x, ((0, 0), (0, c - l)), constant_values=value)
+
+    weight = jnp.where(models.valid, models.count, 0.0)  # scale count / count: 1 (0: padding)
+    own = jax.vmap(lambda model, w: _scaled_rows(
+        model, lambda x: jnp.pad(x, (0, c - l))[:, None],
+        jnp.broadcast_to(w[:, None], (c, F.NUM_FORMATS))))(models, padded(weight))
+    grid = padded(jnp.where(models.valid, jnp.arange(l, dtype=jnp.int32), l), l)[..., None]
+    return own, grid, padded(models.valid.astype(jnp.float32))
+
+
 def row_sum(x, row_weight=None):
     """``sum(x)`` over per-row terms ``x``, each row counted ``row_weight`` times (an array
     shaped like the rows; None: once)."""
