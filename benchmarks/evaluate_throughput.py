@@ -3,10 +3,11 @@
     python benchmarks/evaluate_throughput.py [--batches 1 4096 65536] [--block-groups N]
 
 Prints one JSON line per (resolution, batch, per-row output) with: benchmark, device_kind,
-batch, layers, block_groups, layer_stability (whether the per-row output was computed: full
-resolution batches are measured both ways), rows_per_plan (tenant slots x rows per model: the
-rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second (plans/s x
-rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second, speedup_vs_reference.
+batch, layers, block_groups, layer_stability (whether the per-row output was computed: each
+batch of more than one plan is measured both ways), rows_per_plan (tenant slots x rows per
+model: the rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second
+(plans/s x rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second,
+speedup_vs_reference.
 On Linux with glibc >= 2.35 and transparent huge pages available, the largest full-resolution
 batch with ``layer_stability`` is measured once more in a fresh process started with
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (its record has ``glibc_tunables``): see
@@ -64,10 +65,10 @@ def reference_rate(sc, plans, n: int) -> float:
 def run(batches, block_groups, repeats: int, reference_plans: int, out: list) -> None:
     sc = lj.reference_scenario(block_groups=block_groups)
     ref_rate = reference_rate(sc, sample_plans(sc, 4096, seed=0), reference_plans)
-    # Full resolution: with and without the per-row output (Metrics.layer_stability), which
-    # a batch summed by row class (physics/rowclasses.py) otherwise never needs per row.
-    modes = (True, False) if sc.row_classes is not None else (True,)
-    out += batch_records(sc, block_groups, batches, modes, repeats, ref_rate)
+    # With and without the per-row output (Metrics.layer_stability), which a batch summed by
+    # row class (physics/rowclasses.py: full resolution, and merged rows on the CPU) otherwise
+    # never needs per row.
+    out += batch_records(sc, block_groups, batches, (True, False), repeats, ref_rate)
     if sc.row_classes is not None and huge_pages_available():
         out += huge_pages_records(max(batches), repeats, ref_rate)
     # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
