@@ -370,13 +370,14 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
 
 
 @needs_native
-@pytest.mark.parametrize("block_groups,batch", [(1, 150), (None, 1100)])
+@pytest.mark.parametrize("block_groups,batch", [(1, 1100), (None, 1100)])
 def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block_groups,
                                                                  batch):
     """A batch of hostile plans (formats out of the domain, fields out of their domains)
     evaluated with the native kernels and fences, and with the XLA forms only: the same
     metrics, ``layer_stability`` and verdicts bit for bit, the rest up to float rounding.
-    Full resolution, 1,100 plans: three chunks on the CPU, the last one padded, counted in
+    1,100 plans, full resolution or merged rows (each row a class of its own with the native
+    kernels, row by row without): three chunks on the CPU, the last one padded, counted in
     place (one-byte plans) and from copies of the chunks (int32 plans, and the XLA forms)."""
     sc = lj.reference_scenario(block_groups=block_groups)
     plans = sample_plans(sc, batch, seed=11)
@@ -389,7 +390,7 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
     run = jax.jit(kernel.evaluate_batch)
     with_native = run(sc, plans)
     assert "lj_fence" in run.lower(sc, plans).as_text()
-    if sc.row_classes is not None and batch > kernel.class_chunk(sc):
+    if kernel._by_class(sc) and batch > kernel.class_chunk(sc):
         assert jax.default_backend() != "cpu" or "while" in run.lower(sc, plans).as_text()
         wide = run(sc, plans.replace(precision=prec.astype(np.int32)))
         chex.assert_trees_all_close(wide, with_native, rtol=1e-6)

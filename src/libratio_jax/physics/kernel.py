@@ -246,7 +246,7 @@ def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fie
                       plan_valid, row_weight=None, sums=None) -> Metrics:
     """Metrics of sanitized ``fields`` (``[M]`` each) with the row formats ``precision`` of
     ``models`` (``[M, L]`` and the scenario's models, or ``formats.FORMAT_AXIS`` and the
-    class models of ``rowclasses.class_model``, ``precision_axis`` None, each row
+    class models of :func:`_classes`, ``precision_axis`` None, each row
     counted ``row_weight[M, C, F]`` times, ``sums`` the plan-dependent sums if known)."""
     c = scenario.cluster
     n_pools = c.gpu_count.shape[-1]
@@ -280,8 +280,9 @@ def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fie
 def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
                      layer_stability: bool = True) -> Metrics:
     """:func:`evaluate_one` of a plan whose row formats are given as ``counts[M, classes, F]``
-    (:func:`~libratio_jax.physics.rowclasses.format_counts`) on a full-resolution scenario
-    (``scenario.row_classes`` set): the physics run on the class models, identical to the
+    (:func:`~libratio_jax.physics.rowclasses.format_counts`) in the grid of :func:`_classes`
+    (a full-resolution scenario's ``row_classes``, or one class per merged row): the
+    physics run on the class models, identical to the
     row-by-row physics up to float rounding. ``plan.precision`` is read only for
     ``layer_stability`` (``[M, L]``; with ``layer_stability=False`` the field is None)."""
     out = _evaluate_counted_fields(scenario, *sanitize_fields(scenario, plan), counts)
@@ -352,7 +353,7 @@ def _class_rows(scenario: Scenario) -> dict:
     return out
 
 
-# Each module's plan-independent row terms on a class model (rowclasses.class_model), in the
+# Each module's plan-independent row terms on a class model (:func:`_classes`), in the
 # order of its ``row_totals``: the class path sums them in one contraction.
 _ROW_TERMS = {
     "memory": lambda model, workload: memory_row_terms(model, workload, F.FORMAT_AXIS),
@@ -444,8 +445,9 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
         return grouped_launch_seconds(scalars, by_group, scalars.gemm_fixed_seconds)
 
     # The all-BF16 baseline's sums, every row of a class in BF16 (a class's entries are its
-    # rows scaled to one, the roofline positively homogeneous in them: rowclasses.
-    # class_model): computed per plan on the merged rows, they cost ~0.25 µs per plan.
+    # rows scaled to one slot, the roofline positively homogeneous in them: rowclasses.
+    # class_model, own_classes): computed per plan on the merged rows, they cost ~0.25 µs per
+    # plan.
     def bf16_column(x):  # [M, C, F, 1 or b] -> [M, C, 1, 1 or b]
         return jax.lax.slice_in_dim(x, F.BF16, F.BF16 + 1, axis=2)
 
@@ -537,7 +539,8 @@ def cpu_chunk(entries_per_plan: int, budget: int = CPU_CHUNK_ENTRIES) -> int:
     """Plans per chunk on CPU for plans of ``entries_per_plan`` entries: the power of two
     nearest below ``budget / entries_per_plan`` (default ``CPU_CHUNK_ENTRIES``), between 256
     and ``CPU_CHUNK`` (never more than ``CPU_CHUNK``). Reference scenario: 512 row by row at
-    full resolution, 4,096 with merged rows; :func:`class_chunk` by class."""
+    full resolution, 4,096 with merged rows row by row (without the native kernels, or off
+    the CPU); :func:`class_chunk` by class."""
     n = max(budget // max(entries_per_plan, 1), 1)
     return min(max(1 << (n.bit_length() - 1), 256), CPU_CHUNK)
 

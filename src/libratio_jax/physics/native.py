@@ -1,4 +1,4 @@
-"""Native CPU kernels (XLA FFI) for the per-row work of a full-resolution batch.
+"""Native CPU kernels (XLA FFI) for the per-row work of a batch counted by row class.
 
 XLA's CPU code generator moves bytes slowly: counting a batch's row formats per row class
 (``rowclasses.format_counts``) and spreading each row's score over a ``[B, M, L]`` output
