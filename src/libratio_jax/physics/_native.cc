@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -132,22 +133,48 @@ Grid SanitizeGrid(const int32_t* grid, int M, int C, int S, int L) {
   return g;
 }
 
-// The sanitized grid, kept per thread with a copy of the grid it came from: every chunk of a
-// batch, and every call on one scenario, passes the same grid (~6 µs to sanitize anew on the
-// 2-core machine, ~12 ns per plan of a 512-plan chunk). The tasks of a call read the calling
-// thread's copy until the call returns.
+// What a kernel builds from inputs that repeat from call to call (every chunk of a batch, and
+// every call on one scenario, passes the same ones) is kept per thread with a byte copy of
+// them. SameInputs: whether `parts` ({data, bytes} each, in order) equal the copy in `kept`;
+// if not, `kept` becomes their copy and the caller rebuilds (after marking what it keeps
+// invalid, so that it stays invalid if the rebuild throws).
+struct Part {
+  const void* data;
+  size_t bytes;
+};
+
+bool SameInputs(std::vector<char>& kept, std::initializer_list<Part> parts) {
+  size_t total = 0;
+  for (const Part& p : parts) total += p.bytes;
+  bool same = kept.size() == total;
+  size_t at = 0;
+  for (const Part& p : parts) {
+    if (!same) break;
+    same = !p.bytes || std::memcmp(kept.data() + at, p.data, p.bytes) == 0;
+    at += p.bytes;
+  }
+  if (same) return true;
+  kept.resize(total);
+  at = 0;
+  for (const Part& p : parts) {
+    if (p.bytes) std::memcpy(kept.data() + at, p.data, p.bytes);
+    at += p.bytes;
+  }
+  return false;
+}
+
+// The sanitized grid (~6 µs to sanitize anew on the 2-core machine, ~12 ns per plan of a
+// 512-plan chunk). The tasks of a call read the calling thread's copy until the call returns.
 const Grid& GridFor(const int32_t* grid, int M, int C, int S, int L) {
   struct Kept {
-    std::vector<int32_t> raw;
+    std::vector<char> inputs;
     Grid grid{-1, -1, -1, -1, {}, {}, {}};
   };
   thread_local Kept kept;
-  const size_t n = size_t(M) * C * S;
   const Grid& g = kept.grid;
-  if (g.M != M || g.C != C || g.S != S || g.L != L || kept.raw.size() != n ||
-      (n && std::memcmp(kept.raw.data(), grid, n * sizeof(int32_t)) != 0)) {
-    kept.grid.M = -1;  // (stays invalid if an allocation below throws)
-    kept.raw.assign(grid, grid + n);
+  const bool same = SameInputs(kept.inputs, {{grid, size_t(M) * C * S * sizeof(int32_t)}});
+  if (!same || g.M != M || g.C != C || g.S != S || g.L != L) {
+    kept.grid.M = -1;
     kept.grid = SanitizeGrid(grid, M, C, S, L);
   }
   return kept.grid;
@@ -624,29 +651,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
 }
 #endif
 
-// Each tenant's held entries for the vector path, kept per thread with a copy of the inputs
-// they came from: a batch's chunks, and the calls of one scenario, pass the same table (~25
-// µs to hold anew on the 2-core machine, ~50 ns per plan of a 512-plan chunk; comparing it
-// ~1 µs). The tasks of a call read the calling thread's copy until the call returns.
+// Each tenant's held entries for the vector path, kept per thread (SameInputs) with its
+// table, peaks, weights and groups (~25 µs to hold anew on the 2-core machine, ~50 ns per plan
+// of a 512-plan chunk; comparing them ~1 µs). The tasks of a call read the calling thread's
+// copy until the call returns.
 const std::vector<HeldEntries>& HeldFor(const SumsArgs& a) {
   struct Kept {
     int64_t M = -1, E = -1, K = -1, G = -1;
-    std::vector<char> inputs;  // table, peaks, weights and group, byte for byte
+    std::vector<char> inputs;
     std::vector<HeldEntries> held;
   };
   thread_local Kept kept;
-  const size_t sizes[4] = {size_t(a.M * a.K * a.E) * sizeof(float),
-                           size_t(a.M * a.E) * sizeof(float), size_t(a.M * a.E) * sizeof(float),
-                           size_t(a.M * a.E) * sizeof(int32_t)};
-  const void* data[4] = {a.table, a.peaks, a.weights, a.group};
-  bool same = kept.M == a.M && kept.E == a.E && kept.K == a.K && kept.G == a.G;
-  for (size_t i = 0, at = 0; i < 4 && same; at += sizes[i], ++i)
-    same = !sizes[i] || std::memcmp(kept.inputs.data() + at, data[i], sizes[i]) == 0;
-  if (!same) {
-    kept.M = -1;  // (stays invalid if an allocation below throws)
-    kept.inputs.resize(sizes[0] + sizes[1] + sizes[2] + sizes[3]);
-    for (size_t i = 0, at = 0; i < 4; at += sizes[i], ++i)
-      if (sizes[i]) std::memcpy(kept.inputs.data() + at, data[i], sizes[i]);
+  const size_t entries = size_t(a.M * a.E);
+  const bool same = SameInputs(kept.inputs, {{a.table, entries * a.K * sizeof(float)},
+                                             {a.peaks, entries * sizeof(float)},
+                                             {a.weights, entries * sizeof(float)},
+                                             {a.group, entries * sizeof(int32_t)}});
+  if (!same || kept.M != a.M || kept.E != a.E || kept.K != a.K || kept.G != a.G) {
+    kept.M = -1;
     kept.held.clear();
     for (int64_t m = 0; m < a.M; ++m) kept.held.push_back(Hold(a, m));
     kept.M = a.M, kept.E = a.E, kept.K = a.K, kept.G = a.G;

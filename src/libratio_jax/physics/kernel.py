@@ -292,11 +292,12 @@ def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,
 
 
 def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, counts,
-                             complete=None, sums=None) -> Metrics:
+                             complete=None, sums=None, models=None) -> Metrics:
     """:func:`evaluate_counted` with ``layer_stability=False`` of a plan's integer fields
     already through ``sanitize_fields(scenario, plan)`` (``fields_valid[M]`` their verdict);
     ``complete[M]``, whether every row of the tenant was counted, if known (else from the
-    counts' sum); ``sums`` its plan-dependent row sums if known (:func:`_class_row_sums`)."""
+    counts' sum); ``sums`` its plan-dependent row sums if known (:func:`_class_row_sums`);
+    ``models`` the class models of :func:`_classes` if the caller has them."""
     if complete is None:
         rows = jnp.sum(scenario.models.valid, axis=-1).astype(jnp.float32)
         complete = jnp.sum(counts, axis=(-2, -1)) == rows
@@ -304,8 +305,8 @@ def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, cou
     # An invalid or absent tenant has no GPUs in ``fields``, so every metric of it is gated
     # off and its counts (finite whatever the plan: out-of-domain rows are not counted) need
     # no replacing (XLA would recompute the whole check inside every per-entry kernel).
-    out = _evaluate_tenants(scenario, _classes(scenario)[0], F.FORMAT_AXIS, None, fields, valid,
-                            counts, sums)
+    models = _classes(scenario)[0] if models is None else models
+    out = _evaluate_tenants(scenario, models, F.FORMAT_AXIS, None, fields, valid, counts, sums)
     return out.replace(layer_stability=None)  # the class model's, not the plan's rows
 
 
@@ -330,15 +331,15 @@ def _by_class(scenario: Scenario) -> bool:
                                                 and native.status().counts)
 
 
-def _class_rows(scenario: Scenario) -> dict:
+def _class_rows(scenario: Scenario, classes: tuple | None = None) -> dict:
     """The plan-independent per-entry terms the class path sums batch-last
     (:func:`_class_row_sums`), ``[M, C, F, 1]`` each: the roofline's
     (``throughput.roofline_rows``), each entry's ZeRO-3 gathered bytes (``-1`` where no
     row can be) and its weight and group in the launches' sum (``launch_weight``,
     ``launch_group``: ``throughput.launch_groups``); ``class_rows [M, C, 1, 1]``, the rows of
     each class; ``terms``, per module its plan-independent row terms (``_ROW_TERMS``),
-    ``[M, K, C, F]``."""
-    models, _, sizes = _classes(scenario)
+    ``[M, K, C, F]``. ``classes``: :func:`_classes` of the scenario if the caller has it."""
+    models, _, sizes = _classes(scenario) if classes is None else classes
     rows = jax.vmap(roofline_rows, in_axes=(0, None))(models, F.FORMAT_AXIS)
     storage = jnp.asarray(F.STORAGE_BYTES, jnp.float32)[None, :]
     gather = jax.vmap(layer_gather_bytes, in_axes=(0, None))(models, storage)
@@ -567,8 +568,9 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
             return jax.vmap(lambda q: evaluate_one(scenario, q).replace(layer_stability=None))(p)
         args, size = plan, cpu_chunk(m * l)
     else:
-        rows = _class_rows(scenario)
-        grid = _classes(scenario)[1]
+        # the class tables once, outside the chunks' loop
+        classes = _classes(scenario)
+        rows, grid = _class_rows(scenario, classes), classes[1]
         size = class_chunk(scenario)
         # One-byte plans of a chunked batch are counted where they lie in the batch by the
         # native kernel (XLA copied each chunk's rows for it, ~0.15 µs per plan); others
@@ -586,7 +588,8 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
             counts, complete = format_counts(grid, precision, start=start,
                                              with_complete=True, compact=True, **opts)
             sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
-            return jax.vmap(functools.partial(_evaluate_counted_fields, scenario),
+            return jax.vmap(functools.partial(_evaluate_counted_fields, scenario,
+                                              models=classes[0]),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,
                                                      sums)
         # The integer fields sanitized once for the whole batch, before the chunks (inside
