@@ -81,3 +81,29 @@ def test_sharded_on_the_default_devices_and_errors():
         evaluate_sharded(sc, bad)
     with pytest.raises(ValueError, match="Scenario"):
         evaluate_sharded("not a scenario", plans)
+
+
+def test_the_replicated_scenario_is_kept_per_scenario_object():
+    """``evaluate_sharded`` places a scenario of JAX arrays on the mesh once per scenario
+    object (kept while it lives); one with NumPy leaves, which may change in place, anew
+    each call."""
+    import gc
+
+    from libratio_jax.physics import sharding
+
+    sc = lj.reference_scenario(block_groups=1)
+    mesh = batch_mesh()
+    first = sharding.replicated(sc, mesh)
+    assert sharding.replicated(sc, mesh) is first
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(sc), strict=True):
+        np.testing.assert_array_equal(a, b)
+    host = jax.tree.map(np.asarray, sc)
+    assert sharding.replicated(host, mesh) is not sharding.replicated(host, mesh)
+    plans = sample_plans(sc, 5, seed=1)
+    np.testing.assert_allclose(evaluate_sharded(host, plans).step_seconds,
+                               evaluate_sharded(sc, plans).step_seconds, rtol=1e-6)
+    key = (id(sc), mesh)
+    assert key in sharding._REPLICATED
+    del sc, first
+    gc.collect()
+    assert key not in sharding._REPLICATED
