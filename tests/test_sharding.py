@@ -104,6 +104,9 @@ def test_the_replicated_scenario_is_kept_per_scenario_object():
                                evaluate_sharded(sc, plans).step_seconds, rtol=1e-6)
     key = (id(sc), mesh)
     assert key in sharding._REPLICATED
+    fresh = lj.reference_scenario(block_groups=1)  # evaluate_sharded alone keeps it
+    evaluate_sharded(fresh, plans)
+    assert sharding._REPLICATED[id(fresh), mesh][0]() is fresh
     del sc, first
     gc.collect()
     assert key not in sharding._REPLICATED

@@ -79,7 +79,8 @@ def replicated(scenario: Scenario, mesh: Mesh) -> Scenario:
     """``scenario`` placed on every device of ``mesh``. Kept while the scenario object lives
     when its leaves are all JAX arrays (they cannot change; a NumPy array may change in
     place, so such a scenario is placed anew each call): placing the reference scenario's 66
-    arrays on two host devices took ~4-5 ms, a tenth of a 65,536-plan call."""
+    arrays on two host devices took ~4-5 ms, ~15% of a 65,536-plan merged-row call. Each
+    kept replica holds a copy per device while its scenario lives."""
     key = (id(scenario), mesh)
     kept = _REPLICATED.get(key)
     if kept is not None and kept[0]() is scenario:
