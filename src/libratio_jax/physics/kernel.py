@@ -550,8 +550,8 @@ def class_chunk(scenario: Scenario) -> int:
     """Plans per chunk on CPU when a scenario's plans are counted by class (:func:`_classes`;
     ``tenant slots x classes x formats`` entries per plan within ``CLASS_CHUNK_ENTRIES``):
     512 on the reference scenario, full resolution or merged rows."""
-    return cpu_chunk(scenario.num_tenants * _classes(scenario)[1].shape[-2] * F.NUM_FORMATS,
-                     CLASS_CHUNK_ENTRIES)
+    classes = jax.eval_shape(_classes, scenario)[1].shape[-2]  # (their shape only)
+    return cpu_chunk(scenario.num_tenants * classes * F.NUM_FORMATS, CLASS_CHUNK_ENTRIES)
 
 
 def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = True) -> Metrics:
