@@ -21,6 +21,7 @@ from libratio_jax.physics.rowclasses import count_ids, format_counts
 NATIVE = native.status()
 needs_native = pytest.mark.skipif(not NATIVE.fence, reason=NATIVE.reason)
 needs_counts = pytest.mark.skipif(not NATIVE.counts, reason=NATIVE.reason)
+needs_picks = pytest.mark.skipif(not NATIVE.picks, reason=NATIVE.reason)
 
 
 def test_the_extension_is_built_where_a_compiler_is():
@@ -35,8 +36,9 @@ def test_the_extension_is_built_where_a_compiler_is():
     assert native._extension is not None, NATIVE.reason
     assert NATIVE.fence and NATIVE.rows and NATIVE.sums and NATIVE.compact, NATIVE.reason
     assert NATIVE.counts == native._extension.cpu()["avx512_vbmi"]
+    assert NATIVE.picks == native._extension.cpu()["avx512"]
     assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence
-                                     and NATIVE.sums and NATIVE.compact)
+                                     and NATIVE.sums and NATIVE.picks and NATIVE.compact)
     if platform.machine() not in ("x86_64", "AMD64"):
         assert not NATIVE.counts
 
@@ -252,6 +254,128 @@ def test_native_weighted_sums_never_reuse_another_calls_entries():
                                    rtol=1e-5, atol=1e-4)
 
 
+def _picks_inputs(rng, b, m, l, k=9, j=3, n_groups=5, hostile_grid=False):
+    """Hostile ids ``uint8[b, m, l]`` (out of the domain, the no-format id) in a grid of
+    one-row classes with two padding classes (row ``l``; with ``hostile_grid`` rows ``l +
+    1`` and negative, which the kernel reads as padding and the XLA form does not take),
+    and random tables for ``native.picked_sums``: ``(grid, ids, table, peaks, weights,
+    groups, picks)``."""
+    c = l + 2
+    ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.03] = F.NO_FORMAT
+    ids[rng.random(ids.shape) < 0.03] = F.NUM_FORMATS + 3
+    grid = np.stack([rng.permutation(c) for _ in range(m)]).astype(np.int32)[..., None]
+    if hostile_grid:
+        grid[grid == 0] = -4
+    else:
+        grid[grid > l] = l
+    e = c * F.NUM_FORMATS
+    table = rng.normal(size=(m, k, e)).astype(np.float32)
+    table[:, :, ::5] = 0.0  # entries with nothing to add
+    peaks = rng.normal(size=(m, e)).astype(np.float32)
+    weights = rng.normal(size=(m, e)).astype(np.float32)
+    groups = rng.integers(-1, n_groups + 1, (m, e)).astype(np.int32)  # -1, n_groups: none
+    picks = rng.normal(size=(m, j, e)).astype(np.float32)
+    return grid, ids, table, peaks, weights, groups, picks
+
+
+_xla_picks = functools.partial(kernel._picked_in_xla, n_groups=5)
+
+
+def _numpy_picks(grid, ids, table, peaks, weights, groups, picks, n_groups):
+    """``native.picked_sums`` by plain loops: ``(sums, peak, by_group, picked, complete)``."""
+    b, m, l = ids.shape
+    c = grid.shape[1]
+    k, j = table.shape[1], picks.shape[1]
+    sums, peak = np.zeros((m, k, b)), np.zeros((m, b), np.float32)
+    by_group, picked = np.zeros((m, n_groups, b)), np.zeros((m, j, c, b), np.float32)
+    complete = np.ones((m, b), bool)
+    for t, cls, p in np.ndindex(m, c, b):
+        r = grid[t, cls, 0]
+        if not 0 <= r < l:
+            continue
+        f = int(ids[p, t, r])
+        if f >= F.NUM_FORMATS:
+            complete[t, p] = False
+            continue
+        e = cls * F.NUM_FORMATS + f
+        sums[t, :, p] += table[t, :, e]
+        peak[t, p] = max(peak[t, p], peaks[t, e])
+        if 0 <= groups[t, e] < n_groups:
+            by_group[t, groups[t, e], p] += weights[t, e]
+        picked[t, :, cls, p] = picks[t, :, e]
+    return sums, peak, by_group, picked, complete
+
+
+@needs_picks
+@pytest.mark.parametrize("b,l", [(1, 14), (17, 14), (70, 16), (200, 23), (600, 14)])
+def test_native_picked_sums_equal_numpy_and_the_xla_form(b, l):
+    """The sums, groups, peak, picks and completeness of one-row classes read from hostile
+    ids: as plain NumPy loops and as the XLA form (the counts' weighted sums and products),
+    sums up to float rounding, the rest exactly; partial vectors of 16 plans, several tasks
+    (600), tenants of at most 16 rows (transposed 16 plans at a time) and of more."""
+    rng = np.random.default_rng(b + l)
+    args = _picks_inputs(rng, b, 3, l)
+    want = _numpy_picks(*args, n_groups=5)
+    got = jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))(*args)
+    with jax.default_device(jax.devices("cpu")[0]):  # the XLA form on its own
+        xla = jax.jit(_xla_picks)(*args)
+    hostile = _picks_inputs(np.random.default_rng(b + l), b, 3, l, hostile_grid=True)
+    for out, expected in ((got, want), (native.PickedSums(native.EntrySums(*xla[0]), *xla[1:]),
+                                        want),
+                          (jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))(*hostile),
+                           _numpy_picks(*hostile, n_groups=5))):
+        _assert_picks_equal(out, expected)
+
+
+def _assert_picks_equal(out, want):
+    (sums, peak, by_group), picked, complete = jax.tree.map(np.asarray, tuple(out))
+    np.testing.assert_allclose(sums, want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(peak, want[1])
+    assert not np.signbit(peak).any()
+    np.testing.assert_allclose(by_group, want[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(picked, want[3])
+    np.testing.assert_array_equal(complete, want[4])
+
+
+@needs_picks
+@pytest.mark.parametrize("l", [14, 23])
+def test_native_picked_sums_of_a_chunk_read_in_place(l):
+    """Chunks of a batch read where they lie, the last past the batch's end (plans 96 ..
+    199 of 200, then empty slots): each chunk's results are the whole batch's, the slots
+    past the end zeros and not complete."""
+    rng = np.random.default_rng(l)
+    grid, ids, *tables = _picks_inputs(rng, 200, 2, l, hostile_grid=True)
+    whole = _numpy_picks(grid, ids, *tables, n_groups=5)
+    for start, size in ((0, 64), (96, 128), (150, 256)):
+        got = jax.jit(lambda s, *a, size=size: native.picked_sums(
+            grid, ids, *a, 5, _xla_picks, s, size))(np.int32(start), *tables)
+        (sums, peak, by_group), picked, complete = jax.tree.map(np.asarray, tuple(got))
+        n = min(200 - start, size)
+        for x, w in zip((sums, peak, by_group, picked, complete), whole):
+            np.testing.assert_allclose(x[..., :n], w[..., start:start + n], rtol=1e-5,
+                                       atol=1e-5)
+            assert not x[..., n:].any()
+
+
+@needs_picks
+def test_native_picked_sums_never_reuse_another_calls_tables():
+    """The kernel keeps its columns from one call to the next while its inputs are the
+    same: calls whose grid or one table entry differ, with the same shapes, get their own
+    results; a peak of -0.0 leaves the peak +0.0."""
+    rng = np.random.default_rng(3)
+    base = list(_picks_inputs(rng, 64, 2, 14, hostile_grid=True))
+    call = jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))
+    variants = [list(base) for _ in range(6)]
+    variants[1][0] = base[0][::-1].copy()  # the grid
+    for i, (arg, index, value) in enumerate(((2, (1, 3, 20), 7.0), (3, (0, 30), -0.0),
+                                             (5, (1, 40), 2), (6, (0, 1, 50), -9.0)), start=2):
+        variants[i][arg] = base[arg].copy()
+        variants[i][arg][index] = value
+    for args in variants:
+        _assert_picks_equal(call(*args), _numpy_picks(*args, n_groups=5))
+
+
 @needs_native
 @pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
 def test_native_rows_equal_the_xla_rows(b):
@@ -346,7 +470,8 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
         native.status.cache_clear()
         monkeypatch.setenv(native.ENV_SWITCH, "0")
         off = native.status()
-        assert not (off.counts or off.rows or off.fence or off.sums or off.compact)
+        assert not (off.counts or off.rows or off.fence or off.sums or off.picks
+                    or off.compact)
         assert native.ENV_SWITCH in off.reason
         monkeypatch.delenv(native.ENV_SWITCH)
         native.status.cache_clear()
@@ -357,7 +482,7 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
             monkeypatch.delenv(native.ENV_SWITCH, raising=False)
             native.status.cache_clear()
 
-            def broken(_counts):
+            def broken(*_features):
                 raise RuntimeError("differs")
 
             monkeypatch.setattr(native, "_self_check", broken)
@@ -395,7 +520,7 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
         wide = run(sc, plans.replace(precision=prec.astype(np.int32)))
         chex.assert_trees_all_close(wide, with_native, rtol=1e-6)
     monkeypatch.setattr(native, "status", lambda: native.NativeStatus(
-        False, False, False, False, False, "off in this test"))
+        False, False, False, False, False, False, "off in this test"))
     jax.clear_caches()  # else the traced program of the same function is reused
     run = jax.jit(kernel.evaluate_batch)
     without = run(sc, plans)

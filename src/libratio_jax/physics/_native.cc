@@ -1,6 +1,6 @@
 // libratio_jax.physics._native: XLA FFI kernels for the CPU (physics/native.py loads them).
 //
-// Four handlers, none of which holds physics (the formulas stay in the JAX modules):
+// Five handlers, none of which holds physics (the formulas stay in the JAX modules):
 //   lj_format_counts   a batch of plans' row formats counted per (tenant, row class, format),
 //                      the counts batch-last: what rowclasses.format_counts computes in XLA;
 //   lj_rows_stability  each row's entry of a [F, M, L] table at the row's format: what
@@ -9,6 +9,8 @@
 //                      (a batched matrix product reading one-byte counts as they are), the
 //                      largest of a per-entry table over the entries a plan holds, and
 //                      weighted sums of the counts by group of entries;
+//   lj_picked_sums     the same sums of classes of one row each read from the plans' formats
+//                      (no counts between), and each class's entry of a table of picks;
 //   lj_fence           an identity that XLA cannot fuse through, so that a value computed once
 //                      per plan is materialized instead of recomputed inside every per-row
 //                      kernel that reads it (XLA's CPU pipeline drops optimization barriers
@@ -728,6 +730,313 @@ ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer
 }
 
 // ---------------------------------------------------------------------------------------
+// Picked sums: lj_weighted_sums of classes of one row each (merged rows, every row a class of
+// its own: rowclasses.own_classes) read from the plans' ids, with no counts between. Such a
+// class holds one entry, its row's format, so a plan's sums add that entry's terms: 14 rows
+// read per tenant where the counts are 16 x 12 entries written and read again. Layout: prec
+// u8[B, M, L]; grid s32[M, C, 1] (each class's row; out of [0, L): padding); start s32[];
+// table f32[M, K, E], peaks f32[M, E], weights f32[M, E], group s32[M, E] (lj_weighted_sums'),
+// picks f32[M, J, E] (E = C x F, entry c x F + f). Results for plans start .. start + k - 1
+// (start clamped to [0, B]): sums f32[M, K, k], peak f32[M, k], grouped f32[M, G, k] (what
+// lj_weighted_sums gives of those plans' counts), picked f32[M, J, C, k] (each class's entry
+// of picks; 0 for a padding class or a row whose id is not in [0, F)), complete pred[M, k]
+// (lj_format_counts'). Plans past B - 1: zeros, not complete. AVX-512 only (native.py's
+// status says so): 16 plans to a vector, a class's entry of a field for 16 plans one permute
+// of the field's column over the formats (F <= 16) by their ids, so each (field, class) costs
+// a permute and an add per 16 plans, written batch-last as it comes.
+
+constexpr int kPickPlans = 64;  // plans per task: 4 vectors of 16
+constexpr int kLanes = 16;
+static_assert(kFormats <= kLanes, "a field's column over the formats is one vector");
+
+struct PickArgs {
+  const uint8_t* prec;  // the first plan's rows
+  int64_t M, L, C, K, J, G, b, k;  // b: plans in the batch from the first on; k: results
+  float* sums;
+  float* peak;
+  float* grouped;
+  float* picked;
+  bool* complete;
+};
+
+// Per (tenant, class) each field over the formats as a column of 16 floats (formats 0 .. F - 1,
+// then zeros), for: the K terms and G groups summed (a group's column: the entry's weight where
+// the entry is in the group; columns of zeros left out), the J picks and the peak. Kept per
+// thread with a copy of their inputs (SameInputs), as HeldFor keeps its entries; the tasks of
+// a call read the calling thread's copy until the call returns.
+struct PickTable {
+  int64_t M = -1, C = -1, K = -1, J = -1, G = -1, L = -1;
+  std::vector<int32_t> row;        // [M, C]: each class's row, -1 for padding
+  std::vector<float> store;        // the columns (and room to align them)
+  const float* column = nullptr;   // 16-float slots, 64-byte aligned, in store
+  std::vector<int32_t> sum_start;  // [M, K + G + 1]: each sum's range of (class, slot) pairs
+  std::vector<int32_t> sum_class, sum_slot;
+  std::vector<int32_t> pick_slot;  // [M, J, C]; -1 for a padding class (zeros)
+  std::vector<int32_t> peak_slot;  // [M, C]; -1 for a padding class
+};
+
+const PickTable& PickTableFor(const int32_t* grid, const float* table, const float* peaks,
+                              const float* weights, const int32_t* group, const float* picks,
+                              int64_t M, int64_t C, int64_t K, int64_t J, int64_t G,
+                              int64_t L) {
+  struct Kept {
+    std::vector<char> inputs;
+    PickTable t;
+  };
+  thread_local Kept kept;
+  PickTable& t = kept.t;
+  const int64_t E = C * kFormats;
+  const size_t n = size_t(M * E);
+  const bool same = SameInputs(kept.inputs, {{grid, size_t(M * C) * sizeof(int32_t)},
+                                             {table, n * K * sizeof(float)},
+                                             {peaks, n * sizeof(float)},
+                                             {weights, n * sizeof(float)},
+                                             {group, n * sizeof(int32_t)},
+                                             {picks, n * J * sizeof(float)}});
+  if (same && t.M == M && t.C == C && t.K == K && t.J == J && t.G == G && t.L == L) return t;
+  t.M = -1;
+  // field q of entry (m, e): a term, a group's weight, a pick, the peak
+  auto value = [&](int64_t m, int64_t e, int64_t q) -> float {
+    if (q < K) return table[(m * K + q) * E + e];
+    if (q < K + G) return group[m * E + e] == q - K ? weights[m * E + e] : 0.0f;
+    if (q < K + G + J) return picks[(m * J + q - K - G) * E + e];
+    return peaks[m * E + e];
+  };
+  std::vector<float> columns;
+  auto add = [&](int64_t m, int64_t c, int64_t q) -> int32_t {
+    const int32_t slot = int32_t(columns.size() / kLanes);
+    columns.resize(columns.size() + kLanes, 0.0f);
+    for (int64_t f = 0; f < kFormats; ++f) columns[slot * kLanes + f] = value(m, c * kFormats + f, q);
+    return slot;
+  };
+  const int64_t Q = K + G;
+  t.row.assign(size_t(M * C), -1);
+  t.sum_start.assign(size_t(M * (Q + 1)), 0);
+  t.sum_class.clear();
+  t.sum_slot.clear();
+  t.pick_slot.assign(size_t(M * J * C), -1);
+  t.peak_slot.assign(size_t(M * C), -1);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t r = grid[m * C + c];
+      t.row[m * C + c] = r >= 0 && r < L ? r : -1;
+    }
+    for (int64_t q = 0; q < Q; ++q) {
+      t.sum_start[m * (Q + 1) + q] = int32_t(t.sum_class.size());
+      for (int64_t c = 0; c < C; ++c) {
+        bool nonzero = false;
+        for (int64_t f = 0; f < kFormats; ++f) nonzero |= value(m, c * kFormats + f, q) != 0.0f;
+        if (t.row[m * C + c] < 0 || !nonzero) continue;
+        t.sum_class.push_back(int32_t(c));
+        t.sum_slot.push_back(add(m, c, q));
+      }
+    }
+    t.sum_start[m * (Q + 1) + Q] = int32_t(t.sum_class.size());
+    for (int64_t c = 0; c < C; ++c) {
+      if (t.row[m * C + c] < 0) continue;
+      for (int64_t j = 0; j < J; ++j) t.pick_slot[(m * J + j) * C + c] = add(m, c, Q + j);
+      t.peak_slot[m * C + c] = add(m, c, Q + J);
+    }
+  }
+  t.store.assign(columns.size() + kLanes, 0.0f);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.store.data());
+  float* aligned = reinterpret_cast<float*>((base + 63) & ~uintptr_t(63));
+  std::copy(columns.begin(), columns.end(), aligned);
+  t.column = aligned;
+  t.M = M, t.C = C, t.K = K, t.J = J, t.G = G, t.L = L;
+  return t;
+}
+
+#if LJ_X86
+// The rows (L <= 16 bytes each) of 16 plans `stride` bytes apart, the first `live` read (the
+// others: no format), transposed to by_row[r * 16 + i] = row r of plan i (rows L .. 15: no
+// format): the rows stored side by side, then each output byte picked from them with two
+// two-table byte permutes (VBMI).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+void TransposeRows16(const uint8_t* first, int64_t stride, int64_t L, int live, uint8_t* by_row) {
+  alignas(64) uint8_t by_plan[16 * 16];  // [plan, row]
+  const __mmask16 row_mask = __mmask16((uint32_t(1) << L) - 1);
+  const __m128i none = _mm_set1_epi8(char(kNoFormat));
+  for (int i = 0; i < 16; ++i)
+    _mm_store_si128(reinterpret_cast<__m128i*>(by_plan + 16 * i),
+                    i < live ? _mm_mask_loadu_epi8(none, row_mask, first + i * stride) : none);
+  static const struct Index {  // output byte b of vector o: row 4 o + b / 16 of plan b % 16
+    alignas(64) uint8_t at[4][64];  // its byte among the first or the last two inputs
+    uint64_t high[4] = {0, 0, 0, 0};  // whether among the last two
+    Index() {
+      for (int o = 0; o < 4; ++o)
+        for (int b = 0; b < 64; ++b) {
+          const int src = (b % 16) * 16 + 4 * o + b / 16;
+          at[o][b] = uint8_t(src % 128);
+          if (src >= 128) high[o] |= uint64_t(1) << b;
+        }
+    }
+  } index;
+  const __m512i in0 = _mm512_load_si512(by_plan), in1 = _mm512_load_si512(by_plan + 64),
+                in2 = _mm512_load_si512(by_plan + 128), in3 = _mm512_load_si512(by_plan + 192);
+  for (int o = 0; o < 4; ++o) {
+    const __m512i at = _mm512_load_si512(index.at[o]);
+    const __m512i lo = _mm512_permutex2var_epi8(in0, at, in1);
+    const __m512i hi = _mm512_permutex2var_epi8(in2, at, in3);
+    _mm512_store_si512(by_row + 64 * o, _mm512_mask_blend_epi8(index.high[o], lo, hi));
+  }
+}
+
+// One task: plans p0 .. p1 - 1 (at most kPickPlans), tenant by tenant. The ids are first laid
+// out class by class as int32 (16 plans' rows transposed at once with VBMI when a tenant has at
+// most 16 rows, else byte by byte), then each sum runs over its classes, then the picks and
+// the peak class by class.
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+void PickTile(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
+  constexpr int kVectors = kPickPlans / kLanes;
+  const int64_t M = a.M, L = a.L, C = a.C, J = a.J, K = a.K, G = a.G, Q = K + G, k = a.k;
+  const int64_t n = p1 - p0, vectors = (n + kLanes - 1) / kLanes;
+  const int64_t live_plans = std::clamp<int64_t>(a.b - p0, 0, n);  // the others: past B - 1
+  thread_local std::vector<int32_t> ids_store;  // [C, kPickPlans]
+  thread_local std::vector<__mmask16> held_store;  // [C, kVectors]: an id in [0, F)
+  ids_store.resize(size_t(C * kPickPlans));
+  held_store.resize(size_t(C * kVectors));
+  int32_t* ids = ids_store.data();
+  __mmask16* held = held_store.data();
+  __mmask16 store[kVectors], complete[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t left = std::clamp<int64_t>(n - v * kLanes, 0, kLanes);
+    store[v] = __mmask16((uint32_t(1) << left) - 1);
+  }
+  const __m512i n_formats = _mm512_set1_epi32(kFormats);
+  const bool vbmi = L <= 16 && HasVbmi();
+  for (int64_t m = 0; m < M; ++m) {
+    const int32_t* rows = t.row.data() + m * C;
+    if (vbmi) {
+      alignas(64) uint8_t by_row[16 * kLanes];  // [row, plan]
+      for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t live = std::clamp<int64_t>(live_plans - v * kLanes, 0, kLanes);
+        const uint8_t* first = live ? a.prec + ((p0 + v * kLanes) * M + m) * L : a.prec;
+        TransposeRows16(first, M * L, L, int(live), by_row);
+        for (int64_t c = 0; c < C; ++c)
+          _mm512_storeu_si512(ids + c * kPickPlans + v * kLanes,
+                              rows[c] >= 0 ? _mm512_cvtepu8_epi32(_mm_load_si128(
+                                                 reinterpret_cast<const __m128i*>(
+                                                     by_row + rows[c] * kLanes)))
+                                           : _mm512_set1_epi32(kNoFormat));
+      }
+    } else {
+      for (int64_t i = 0; i < vectors * kLanes; ++i) {
+        const uint8_t* id = i < live_plans ? a.prec + ((p0 + i) * M + m) * L : nullptr;
+        for (int64_t c = 0; c < C; ++c)
+          ids[c * kPickPlans + i] = id && rows[c] >= 0 ? id[rows[c]] : kNoFormat;
+      }
+    }
+    for (int64_t v = 0; v < vectors; ++v) {
+      const int64_t live = std::clamp<int64_t>(live_plans - v * kLanes, 0, kLanes);
+      complete[v] = __mmask16((uint32_t(1) << live) - 1);
+      for (int64_t c = 0; c < C; ++c) {
+        const __m512i f = _mm512_loadu_si512(ids + c * kPickPlans + v * kLanes);
+        held[c * kVectors + v] = _mm512_cmplt_epu32_mask(f, n_formats);
+        if (rows[c] >= 0) complete[v] &= held[c * kVectors + v];
+      }
+    }
+    const int32_t* range = t.sum_start.data() + m * (Q + 1);
+    for (int64_t q = 0; q < Q; ++q) {  // the terms, then the groups
+      __m512 acc[kVectors];
+      for (int v = 0; v < kVectors; ++v) acc[v] = _mm512_setzero_ps();
+      for (int32_t s = range[q]; s < range[q + 1]; ++s) {
+        const int32_t c = t.sum_class[s];
+        const __m512 column = _mm512_load_ps(t.column + kLanes * int64_t(t.sum_slot[s]));
+        for (int64_t v = 0; v < vectors; ++v) {
+          const __m512i f = _mm512_loadu_si512(ids + c * kPickPlans + v * kLanes);
+          acc[v] = _mm512_mask_add_ps(acc[v], held[c * kVectors + v], acc[v],
+                                      _mm512_permutexvar_ps(f, column));
+        }
+      }
+      float* out = q < K ? a.sums + (m * K + q) * k : a.grouped + (m * G + q - K) * k;
+      for (int64_t v = 0; v < vectors; ++v)
+        _mm512_mask_storeu_ps(out + p0 + v * kLanes, store[v], acc[v]);
+    }
+    __m512 top[kVectors];
+    for (int v = 0; v < kVectors; ++v) top[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t j = 0; j < J; ++j) {
+        const int32_t slot = t.pick_slot[(m * J + j) * C + c];
+        const __m512 column = slot < 0 ? _mm512_setzero_ps()
+                                       : _mm512_load_ps(t.column + kLanes * int64_t(slot));
+        float* out = a.picked + ((m * J + j) * C + c) * k + p0;
+        for (int64_t v = 0; v < vectors; ++v) {
+          const __m512i f = _mm512_loadu_si512(ids + c * kPickPlans + v * kLanes);
+          _mm512_mask_storeu_ps(out + v * kLanes, store[v],
+                                _mm512_maskz_permutexvar_ps(held[c * kVectors + v], f, column));
+        }
+      }
+      const int32_t slot = t.peak_slot[m * C + c];
+      if (slot < 0) continue;
+      const __m512 column = _mm512_load_ps(t.column + kLanes * int64_t(slot));
+      for (int64_t v = 0; v < vectors; ++v) {
+        const __m512i f = _mm512_loadu_si512(ids + c * kPickPlans + v * kLanes);
+        // max(x, top): top when both are zero, so that a peak of -0.0 leaves +0.0
+        top[v] = _mm512_mask_max_ps(top[v], held[c * kVectors + v],
+                                    _mm512_permutexvar_ps(f, column), top[v]);
+      }
+    }
+    for (int64_t v = 0; v < vectors; ++v) {
+      _mm512_mask_storeu_ps(a.peak + m * k + p0 + v * kLanes, store[v], top[v]);
+      _mm_mask_storeu_epi8(a.complete + m * k + p0 + v * kLanes, store[v],
+                           _mm_maskz_set1_epi8(complete[v], 1));
+    }
+  }
+}
+#endif
+
+ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buffer<ffi::S32> grid,
+                      ffi::Buffer<ffi::S32> start, ffi::Buffer<ffi::F32> table,
+                      ffi::Buffer<ffi::F32> peaks, ffi::Buffer<ffi::F32> weights,
+                      ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::F32> picks,
+                      ffi::ResultBuffer<ffi::F32> sums, ffi::ResultBuffer<ffi::F32> peak,
+                      ffi::ResultBuffer<ffi::F32> grouped, ffi::ResultBuffer<ffi::F32> picked,
+                      ffi::ResultBuffer<ffi::PRED> complete) {
+#if LJ_X86
+  if (!HasAvx512()) return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX-512");
+  const auto pd = prec.dimensions();
+  const auto gd = grid.dimensions();
+  const auto td = table.dimensions();
+  const auto vd = peaks.dimensions();
+  const auto wd = weights.dimensions();
+  const auto id = group.dimensions();
+  const auto jd = picks.dimensions();
+  const auto sd = sums->dimensions();
+  const auto kd = peak->dimensions();
+  const auto rd = grouped->dimensions();
+  const auto xd = picked->dimensions();
+  const auto cd = complete->dimensions();
+  if (pd.size() != 3 || gd.size() != 3 || td.size() != 3 || vd.size() != 2 || wd.size() != 2 ||
+      id.size() != 2 || jd.size() != 3 || sd.size() != 3 || kd.size() != 2 || rd.size() != 3 ||
+      xd.size() != 4 || cd.size() != 2 || start.element_count() != 1)
+    return ffi::Error::InvalidArgument("lj_picked_sums: ranks do not match");
+  const int64_t M = pd[1], L = pd[2], C = gd[1], E = C * kFormats, K = td[1], J = jd[1],
+                G = rd[1], k = sd[2];
+  if (gd[0] != M || gd[2] != 1 || td[0] != M || td[2] != E || vd[0] != M || vd[1] != E ||
+      wd[0] != M || wd[1] != E || id[0] != M || id[1] != E || jd[0] != M || jd[2] != E ||
+      sd[0] != M || sd[1] != K || kd[0] != M || kd[1] != k || rd[0] != M || rd[2] != k ||
+      xd[0] != M || xd[1] != J || xd[2] != C || xd[3] != k || cd[0] != M || cd[1] != k)
+    return ffi::Error::InvalidArgument("lj_picked_sums: shapes do not match");
+  const int64_t first = std::clamp<int64_t>(start.typed_data()[0], 0, pd[0]);
+  const PickTable& t = PickTableFor(grid.typed_data(), table.typed_data(), peaks.typed_data(),
+                                    weights.typed_data(), group.typed_data(), picks.typed_data(),
+                                    M, C, K, J, G, L);
+  const PickArgs a{prec.typed_data() + size_t(first) * M * L, M, L, C, K, J, G,
+                   std::clamp<int64_t>(pd[0] - first, 0, k), k, sums->typed_data(),
+                   peak->typed_data(), grouped->typed_data(), picked->typed_data(),
+                   complete->typed_data()};
+  const int64_t tiles = (k + kPickPlans - 1) / kPickPlans;
+  ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&](int64_t i) {
+    PickTile(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX-512");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
 // Fence: the output aliases the input (native.py asks XLA for it), so nothing moves unless
 // XLA had to give the output its own buffer.
 ffi::Error Fence(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -767,6 +1076,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjWeightedSums, WeightedSums,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjPickedSums, PickedSums,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
@@ -929,6 +1255,7 @@ static PyObject* Handlers(PyObject*, PyObject*) {
   } targets[] = {{"lj_format_counts", reinterpret_cast<void*>(LjFormatCounts)},
                  {"lj_rows_stability", reinterpret_cast<void*>(LjRowsStability)},
                  {"lj_weighted_sums", reinterpret_cast<void*>(LjWeightedSums)},
+                 {"lj_picked_sums", reinterpret_cast<void*>(LjPickedSums)},
                  {"lj_fence", reinterpret_cast<void*>(LjFence)}};
   for (const auto& t : targets) {
     PyObject* capsule = PyCapsule_New(t.fn, nullptr, nullptr);

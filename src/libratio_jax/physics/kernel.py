@@ -48,6 +48,7 @@ from libratio_jax.physics.rowclasses import (
     class_model,
     class_total,
     compact_entries,
+    count_ids,
     entry_model,
     format_counts,
     format_ids,
@@ -324,11 +325,13 @@ def _classes(scenario: Scenario) -> tuple:
 
 def _by_class(scenario: Scenario) -> bool:
     """Whether :func:`evaluate_batch` counts and sums a batch by class: at full resolution
-    always; with merged rows on the CPU with the native kernels (65,536 plans, one process,
-    no ``layer_stability``: 1.05-1.30 -> 1.31-1.63 M plans/s; elsewhere not measured, so
-    row by row as before)."""
+    always; with merged rows on the CPU with the native kernels, on a CPU with AVX-512 VBMI
+    (65,536 plans, one process, no ``layer_stability``: 1.05-1.30 -> 1.31-1.63 M plans/s
+    counted, more with the picked sums since; elsewhere not measured, so row by row as
+    before)."""
     return scenario.row_classes is not None or (jax.default_backend() == "cpu"
-                                                and native.status().counts)
+                                                and native.status().counts
+                                                and native.status().picks)
 
 
 def _class_rows(scenario: Scenario, classes: tuple | None = None) -> dict:
@@ -373,20 +376,10 @@ _FORMAT_FREE_TERMS = (("memory", 6), ("step", 1), ("stability", 1))
 _SAME_TERMS = {("step", 0): ("memory", 1), ("step", 2): ("memory", 0)}
 
 
-def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
-    """The row sums of plans counted by class, ``[M, b]`` each, computed with the plans' axis
-    last: ``roofline``, the ``(roofline, launch)`` seconds (``throughput.row_roofline``
-    weighted by the counts, before tensor parallelism), ``bf16``, the same with every row in
-    BF16 (the plan's all-BF16 baseline), ``largest_layer`` (the largest ZeRO-3 gathered
-    bytes of an entry the plan holds), and per module (``memory``, ``step``, ``stability``)
-    the sums of its plan-independent row terms, its ``row_totals``. ``fields`` the plans'
-    sanitized integer fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``, any numeric
-    dtype), ``rows`` of :func:`_class_rows`. Written per plan inside ``vmap``, these sums
-    made XLA transpose the counts to the plans' axis first and write every entry's terms
-    before a contraction (~1.5 µs per plan on the 2-core machine); here they are one native
-    pass over the counts (``native.weighted_sums``: the row terms' sums, the largest held
-    entry, the launches' weights per launch cost) and the roofline's fused elementwise pass
-    over the batch-last counts (``rowclasses.class_total``)."""
+def _plan_factors(scenario: Scenario, fields: dict):
+    """The roofline's plan factors (``throughput.Roofline``) of plans' sanitized integer fields
+    (``[b, M]`` each), the plans' axis last: ``[M, 1, 1, b]`` scalars, ``[M, 1, F, b]`` per
+    format."""
     def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
         _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
         return roofline_factors(workload, pool, dp, recompute, mb,
@@ -409,31 +402,125 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # into the per-entry kernels below and recomputed them for each of the 192 entries of a
     # tenant (16,384 plans, no layer_stability, alternating processes: 312-418 -> 454-489 k
     # plans/s).
-    r = native.fence(jax.tree.map(batch_last, r))
+    return native.fence(jax.tree.map(batch_last, r))
+
+
+def _summed_terms(rows: dict) -> tuple[list, jax.Array]:
+    """The keys ``(module, index)`` of the row terms the class path sums (every module's,
+    less ``_FORMAT_FREE_TERMS`` and ``_SAME_TERMS``) and their table ``float32[M, K, C x F]``
+    (``rows`` of :func:`_class_rows`)."""
+    terms = rows["terms"]  # {module: [M, K, C, F]}
+    m, _, c, f = terms["memory"].shape
+    keys = [(name, k) for name, t in terms.items() for k in range(t.shape[1])]
+    summed = [key for key in keys if key not in _FORMAT_FREE_TERMS and key not in _SAME_TERMS]
+    table = jnp.stack([terms[name][:, k] for name, k in summed], axis=1).reshape(m, -1, c * f)
+    return summed, table
+
+
+def _entry_tables(rows: dict) -> tuple:
+    """``(peaks, weights, groups)`` ``[M, C x F]`` of :func:`_class_rows`' entries: what
+    ``native.weighted_sums`` takes beside the summed terms."""
+    def flat(x):  # [M, C, F, 1] -> [M, C x F]
+        return x.reshape(x.shape[0], -1)
+
+    return flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"])
+
+
+def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
+    """``native.weighted_sums``' XLA form for the class path's counts ``x [M, E, b]``."""
+    x = x.astype(jnp.float32)
+    by_group = (g[:, None, :] == jnp.arange(n_groups)[:, None]) * w[:, None, :]
+    return (jnp.einsum("mke,meb->mkb", t, x), _largest_present(x, v),
+            jnp.einsum("mge,meb->mgb", by_group, x))
+
+
+def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
+    """The row sums of plans counted by class, ``[M, b]`` each, computed with the plans' axis
+    last: ``roofline``, the ``(roofline, launch)`` seconds (``throughput.row_roofline``
+    weighted by the counts, before tensor parallelism), ``bf16``, the same with every row in
+    BF16 (the plan's all-BF16 baseline), ``largest_layer`` (the largest ZeRO-3 gathered
+    bytes of an entry the plan holds), and per module (``memory``, ``step``, ``stability``)
+    the sums of its plan-independent row terms, its ``row_totals``. ``fields`` the plans'
+    sanitized integer fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``, any numeric
+    dtype), ``rows`` of :func:`_class_rows`. Written per plan inside ``vmap``, these sums
+    made XLA transpose the counts to the plans' axis first and write every entry's terms
+    before a contraction (~1.5 µs per plan on the 2-core machine); here they are one native
+    pass over the counts (``native.weighted_sums``: the row terms' sums, the largest held
+    entry, the launches' weights per launch cost) and the roofline's fused elementwise pass
+    over the batch-last counts (``rowclasses.class_total``)."""
+    r = _plan_factors(scenario, fields)
     roof, _ = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
     # The plan-independent terms of every module's sums, one contraction with the counts.
     # With them, ZeRO-3's largest gathered entry the plan holds (-1: no row can be), and the
     # launches' weights summed by launch cost (throughput.launch_groups): linear in the
     # counts, no per-entry pass of their own.
-    terms = rows["terms"]  # {module: [M, K, C, F]}
     m, c, f, b = counts.shape
-    keys = [(name, k) for name, t in terms.items() for k in range(t.shape[1])]
-    summed = [key for key in keys if key not in _FORMAT_FREE_TERMS and key not in _SAME_TERMS]
+    summed, table = _summed_terms(rows)
+    sums = native.weighted_sums(counts.reshape(m, c * f, b), table, *_entry_tables(rows),
+                                LAUNCH_GROUPS, _weighted_sums_in_xla)
+    return _row_sums(scenario, rows, r, class_total(counts * roof), summed, sums)
 
-    def flat(x):  # [M, C, F, 1] -> [M, C x F]
-        return x.reshape(m, c * f)
 
-    def in_xla(x, t, v, w, g):
-        x = x.astype(jnp.float32)
-        by_group = (g[:, None, :] == jnp.arange(LAUNCH_GROUPS)[:, None]) * w[:, None, :]
-        return (jnp.einsum("mke,meb->mkb", t, x), _largest_present(x, v),
-                jnp.einsum("mge,meb->mgb", by_group, x))
+def _picks(scenario: Scenario, rows: dict) -> jax.Array:
+    """``float32[M, 2 + P, C x F]``: what :func:`_picked_row_sums` picks of each class's
+    entry, the roofline's per-entry terms that depend on its format (weight bytes,
+    activation bytes per token) and the seconds per FLOP of its format on each of the
+    cluster's ``P`` pools (``throughput.format_speed_columns``)."""
+    m, c, f, _ = rows["weight_bytes"].shape
+    speed = jax.vmap(format_speed_columns)(scenario.cluster.peak_flops)[..., 0]  # [P, F]
+    per_pool = jnp.broadcast_to(speed[None, :, None, :], (m, speed.shape[0], c, f))
+    return jnp.concatenate([rows["weight_bytes"][..., 0][:, None],
+                            rows["io_bytes_per_token"][..., 0][:, None], per_pool],
+                           axis=1).reshape(m, -1, c * f)
 
-    sums = native.weighted_sums(
-        counts.reshape(m, c * f, b),
-        jnp.stack([terms[name][:, k] for name, k in summed], axis=1).reshape(m, -1, c * f),
-        flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"]),
-        LAUNCH_GROUPS, in_xla)
+
+def _picked_in_xla(grid, ids, table, peaks, weights, groups, picks,
+                   n_groups: int = LAUNCH_GROUPS):
+    """``native.picked_sums``' XLA form: the plans' counts (``rowclasses.count_ids``), their
+    weighted sums, and each class's picks as the counts' product with them (one entry per
+    class)."""
+    counts, complete = count_ids(grid, ids)  # [M, C, F, b]
+    m, c, f, b = counts.shape
+    flat = counts.reshape(m, c * f, b)
+    picked = jnp.einsum("mjcf,mcfb->mjcb", picks.reshape(m, -1, c, f), counts,
+                        precision=jax.lax.Precision.HIGHEST)
+    return (native.EntrySums(*_weighted_sums_in_xla(flat, table, peaks, weights, groups,
+                                                    n_groups)), picked, complete)
+
+
+def _picked_row_sums(scenario: Scenario, rows: dict, grid, fields: dict, ids, start=None,
+                     size: int | None = None) -> tuple[dict, jax.Array]:
+    """:func:`_class_row_sums` of plans whose classes hold one row each (merged rows,
+    ``rowclasses.own_classes``; ``grid int32[M, C, 1]``), read from their format ids ``ids
+    uint8[b, M, L]`` (``start``, ``size``: a chunk of them read where it lies,
+    ``native.picked_sums``), and whether every row of a tenant holds a format (``[M, b]``).
+    Instead of the counts (16 x 12 entries a tenant, each written, then read by the sums and
+    by the roofline's per-entry pass), a native pass sums each class's entry and picks its
+    format's roofline terms, so the roofline runs on the ``C`` classes alone."""
+    r = _plan_factors(scenario, fields)
+    summed, table = _summed_terms(rows)
+    n_pools = scenario.cluster.peak_flops.shape[0]
+    got = native.picked_sums(grid, ids, table, *_entry_tables(rows), _picks(scenario, rows),
+                             LAUNCH_GROUPS, _picked_in_xla, start, size)
+    weight_bytes, io_bytes, *speed = (got.picked[:, j][:, :, None, :]
+                                      for j in range(2 + n_pools))  # [M, C, 1, b] each
+    pool = jnp.moveaxis(jnp.clip(fields["pool"], 0, n_pools - 1), 0, -1)[:, None, None, :]
+    seconds_per_flop = speed[0]
+    for p in range(1, n_pools):
+        seconds_per_flop = jnp.where(pool == p, speed[p], seconds_per_flop)
+    free = {k: jax.lax.slice_in_dim(v, 0, 1, axis=2) for k, v in rows.items() if k != "terms"}
+    picked = dict(free, weight_bytes=weight_bytes, io_bytes_per_token=io_bytes)
+    # (an entry not held picks 0 bytes and 0 seconds per FLOP: its roofline is 0)
+    roof, _ = row_roofline(r, picked, seconds_per_flop, r.gemm_fixed_seconds)
+    return _row_sums(scenario, rows, r, class_total(roof), summed, got.sums), got.complete
+
+
+def _row_sums(scenario: Scenario, rows: dict, r, roofline, summed: list, sums) -> dict:
+    """:func:`_class_row_sums`' dict from the plan factors ``r`` (:func:`_plan_factors`), the
+    plans' roofline seconds ``roofline [M, b]``, and ``sums`` (``native.EntrySums``) of the
+    ``summed`` terms (:func:`_summed_terms`)."""
+    terms = rows["terms"]  # {module: [M, K, C, F]}
+    m, b = roofline.shape
     totals = {key: sums.sums[:, j] for j, key in enumerate(summed)}  # [M, b] each
     for name, k in _FORMAT_FREE_TERMS:  # its BF16 column times the class sizes
         constant = jnp.sum(rows["class_rows"][:, :, 0, 0] * terms[name][:, k, :, F.BF16], axis=-1)
@@ -455,12 +542,13 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     def bf16(x):  # the BF16 column weighted by the class sizes
         return rows["class_rows"] * bf16_column(x)
 
+    roof_all, _ = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
     bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
         jnp.arange(m)[:, None], bf16_column(rows["launch_group"])[:, :, 0, 0]].add(
             bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
-    return dict(roofline=(class_total(counts * roof), launches(sums.by_group)),
+    return dict(roofline=(roofline, launches(sums.by_group)),
                 largest_layer=sums.peak,
-                bf16=native.fence((class_total(bf16(roof)), launches(bf16_groups))),
+                bf16=native.fence((class_total(bf16(roof_all)), launches(bf16_groups))),
                 **{name: tuple(totals[name, k] for k in range(t.shape[1]))
                    for name, t in terms.items()})
 
@@ -558,7 +646,8 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
     """Pure, jittable evaluation of plans with one leading batch axis ``[B, ...]``: on a
     full-resolution scenario (``scenario.row_classes`` set) by format counts per row class
     (:func:`evaluate_counted`), with merged rows on the CPU the same way with each row a
-    class of its own (:func:`_by_class`), else :func:`evaluate_one` per plan; chunked on CPU
+    class of its own (:func:`_by_class`), its sums picked from the rows' formats with no
+    counts (:func:`_picked_row_sums`), else :func:`evaluate_one` per plan; chunked on CPU
     (:func:`map_chunks`), the per-row ``layer_stability [B, M, L]`` after the chunks
     (:func:`rows_layer_stability`). ``layer_stability=False`` leaves that field None (the
     class path then reads each row once, to count it)."""
@@ -574,9 +663,13 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         size = class_chunk(scenario)
         # One-byte plans of a chunked batch are counted where they lie in the batch by the
         # native kernel (XLA copied each chunk's rows for it, ~0.15 µs per plan); others
-        # (int32 plans: the copy converts them) are sliced into chunks first.
-        in_place = (plan.precision.dtype == jnp.uint8 and native.status().counts
-                    and _chunked(plan.precision.shape[0], size))
+        # (int32 plans: the copy converts them) are sliced into chunks first. Merged rows,
+        # each class one row, are summed as picked from their formats, with no counts
+        # (65,536 plans, no layer_stability, alternating processes: 1.12-1.27 -> 1.62-2.26 M
+        # plans/s; docs/performance.md, twenty-sixth round).
+        picked = scenario.row_classes is None
+        in_place = (plan.precision.dtype == jnp.uint8 and _chunked(plan.precision.shape[0], size)
+                    and (native.status().picks if picked else native.status().counts))
 
         def chunk(args):
             fields, fields_valid, rows_or_index = args
@@ -584,10 +677,15 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                 start, precision, opts = rows_or_index[0], plan.precision, dict(size=size)
             else:
                 start, precision, opts = None, rows_or_index, {}
-            # [M, C, F, b] as the kernel writes them (uint8 where they fit), [M, b]
-            counts, complete = format_counts(grid, precision, start=start,
-                                             with_complete=True, compact=True, **opts)
-            sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
+            if picked:
+                sums, complete = _picked_row_sums(scenario, rows, grid, fields,
+                                                  format_ids(precision), start, **opts)
+                counts = None  # (read by no metric when the sums are given)
+            else:
+                # [M, C, F, b] as the kernel writes them (uint8 where they fit), [M, b]
+                counts, complete = format_counts(grid, precision, start=start,
+                                                 with_complete=True, compact=True, **opts)
+                sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario,
                                               models=classes[0]),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,

@@ -61,6 +61,7 @@ class NativeStatus(NamedTuple):
     rows: bool  # lj_rows_stability
     fence: bool  # lj_fence
     sums: bool  # lj_weighted_sums
+    picks: bool  # lj_picked_sums (needs AVX-512)
     compact: bool  # compact_pairs (one host plan's entries; no XLA)
     reason: str  # "" when all are used, else why not (or not all)
 
@@ -71,28 +72,30 @@ def status() -> NativeStatus:
     this process: the native kernels after a one-time check that they load, run and agree
     with NumPy on a small hostile batch, else the XLA forms (``reason`` says why)."""
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
-        return NativeStatus(False, False, False, False, False, f"disabled by {ENV_SWITCH}=0")
+        return NativeStatus(False, False, False, False, False, False,
+                            f"disabled by {ENV_SWITCH}=0")
     if _extension is None:
-        return NativeStatus(False, False, False, False, False,
+        return NativeStatus(False, False, False, False, False, False,
                             "the extension libratio_jax.physics._native is not built")
     from libratio_jax.physics import formats as F
 
     cpu = _extension.cpu()
     if cpu["formats"] != F.NUM_FORMATS:
-        return NativeStatus(False, False, False, False, False,
+        return NativeStatus(False, False, False, False, False, False,
                             f"the extension counts {cpu['formats']} formats, not "
                             f"{F.NUM_FORMATS}: rebuild it")
     try:
         for name, capsule in _extension.handlers().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-            _self_check(bool(cpu["avx512_vbmi"]))
+            _self_check(bool(cpu["avx512_vbmi"]), bool(cpu["avx512"]))
     except Exception as e:  # any failure: the XLA forms, and the reason kept
-        return NativeStatus(False, False, False, False, False,
+        return NativeStatus(False, False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
-    counts = bool(cpu["avx512_vbmi"])
-    return NativeStatus(counts, True, True, True, True,
-                        "" if counts else "this CPU has no AVX-512 VBMI: counts in XLA")
+    counts, picks = bool(cpu["avx512_vbmi"]), bool(cpu["avx512"])
+    return NativeStatus(counts, True, True, True, picks, True,
+                        "" if counts and picks else "this CPU has no AVX-512 VBMI: counts in XLA"
+                        if picks else "this CPU has no AVX-512: counts and picked sums in XLA")
 
 
 def _result(like, shape, dtype):
@@ -207,6 +210,59 @@ def _native_sums(counts, table, peaks, weights, groups, n_groups: int):
         vmap_method="sequential")(counts, table, peaks, weights, groups))
 
 
+class PickedSums(NamedTuple):
+    """What :func:`picked_sums` returns, the plans last."""
+
+    sums: EntrySums  # :func:`weighted_sums` of the plans' counts
+    picked: jax.Array  # float32[M, J, C, b]: each class's entry of the picks (0: none held)
+    complete: jax.Array  # bool[M, b]: every row of the tenant holds a format
+
+
+def picked_sums(grid, ids, table, peaks, weights, groups, picks, n_groups: int, xla_fn,
+                start=None, size: int | None = None) -> PickedSums:
+    """:func:`weighted_sums` of plans whose classes hold one row each (``grid int32[M, C, 1]``:
+    merged rows, ``rowclasses.own_classes``) read from their one-byte format ids ``ids
+    uint8[b, M, L]`` with no counts between (each class holds one entry, its row's format),
+    and each class's entry of ``picks float32[M, J, C x F]``: ``picked[m, j, c, p]`` the
+    entry ``c x F + f`` of ``picks[m, j]`` for the format ``f`` of class ``c``'s row in plan
+    ``p``, 0 for a padding class or an id not in ``[0, F)``; ``complete`` as
+    :func:`format_counts`'. ``table``, ``peaks``, ``weights``, ``groups``, ``n_groups`` as
+    :func:`weighted_sums`' (entries ``c x F + f``). ``start`` and ``size``: the ``size`` plans
+    from ``start`` on, read where they lie (:func:`format_counts`'). The native kernel on the
+    CPU when :func:`status` allows it, else ``xla_fn(grid, ids, table, peaks, weights,
+    groups, picks)`` (with ``ids`` of just those plans), which must return the same (a
+    :class:`PickedSums`) up to float rounding, the peaks and picks exactly. Tables finite."""
+    grid = jnp.asarray(grid, jnp.int32)
+    table, peaks, weights, picks = (jnp.asarray(x, jnp.float32)
+                                    for x in (table, peaks, weights, picks))
+    groups = jnp.asarray(groups, jnp.int32)
+    tables = (table, peaks, weights, groups, picks)
+    start = jnp.zeros((), jnp.int32) if start is None else jnp.clip(
+        jnp.asarray(start, jnp.int32), 0, ids.shape[0])
+    size = ids.shape[0] if size is None else size
+
+    def xla(g, i, s, *t):
+        return PickedSums(*xla_fn(g, _chunk_of(i, s, size), *t))
+
+    if not status().picks:
+        return xla(grid, ids, start, *tables)
+    return PickedSums(*_cpu_only(functools.partial(_native_picks, n_groups=n_groups, size=size),
+                                 lambda *a: tuple(xla(*a)), grid, ids, start, *tables))
+
+
+def _native_picks(grid, ids, start, table, peaks, weights, groups, picks, *, n_groups: int,
+                  size: int):
+    m, c = grid.shape[:2]
+    sums, peak, by_group, picked, complete = jax.ffi.ffi_call(
+        "lj_picked_sums", (_result(ids, (m, table.shape[1], size), jnp.float32),
+                           _result(ids, (m, size), jnp.float32),
+                           _result(ids, (m, n_groups, size), jnp.float32),
+                           _result(ids, (m, picks.shape[1], c, size), jnp.float32),
+                           _result(ids, (m, size), jnp.bool_)),
+        vmap_method="sequential")(ids, grid, start, table, peaks, weights, groups, picks)
+    return EntrySums(sums, peak, by_group), picked, complete
+
+
 def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]):
     """One host plan's entries, as ``rowclasses.compact_entries`` makes them with NumPy, in
     one native call (a single plan's call is latency-bound: ~10 NumPy calls took ~15-40 µs,
@@ -275,7 +331,7 @@ def _fenced(tree):
     return jax.tree.map(lambda x: _fence_leaf(jnp.asarray(x)), tree)
 
 
-def _self_check(counts: bool) -> None:
+def _self_check(counts: bool, picks: bool = False) -> None:
     """Raise unless the native kernels give what NumPy gives on a small batch of hostile ids
     (out of the domain, padding slots, a partial tile of plans, a chunk past the batch's
     end); ~0.1 s, once per process."""
@@ -331,10 +387,60 @@ def _self_check(counts: bool) -> None:
                 and np.array_equal(top, want_top.astype(np.float32))
                 and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)):
             raise RuntimeError("lj_weighted_sums differs from NumPy's products and maximum")
+    for rows in (14, l) if picks else ():  # (at most 16 rows: transposed 16 plans at a time)
+        _check_picks(rng, ids[..., :rows])
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")
     _check_compact(rng)
+
+
+def _check_picks(rng, ids) -> None:
+    """Raise unless ``lj_picked_sums`` gives what NumPy gives of hostile ``ids uint8[B, M, L]``
+    in a grid of one-row classes with padding classes, whole and as a chunk past the batch's
+    end."""
+    from libratio_jax.physics import formats as F
+
+    ids = np.ascontiguousarray(ids)
+    b, m, l = ids.shape
+    c, k, j, n_groups = l + 2, 9, 3, 5
+    grid = np.stack([rng.permutation(c) for _ in range(m)]).astype(np.int32)[..., None]
+    grid[grid == 0] = -4  # rows l and l + 1 and a negative row: padding classes
+    e = c * F.NUM_FORMATS
+    table, picks = (rng.normal(size=(m, n, e)).astype(np.float32) for n in (k, j))
+    peaks, weights = (rng.normal(size=(m, e)).astype(np.float32) for _ in range(2))
+    groups = rng.integers(-1, n_groups + 1, (m, e)).astype(np.int32)  # -1, n_groups: none
+    row = grid[..., 0]
+    real = (row >= 0) & (row < l)  # [m, c]
+    f = np.where(real, ids[:, np.arange(m)[:, None], np.clip(row, 0, l - 1)], 0)  # [b, m, c]
+    held = real & (f < F.NUM_FORMATS)
+    entry = np.arange(c) * F.NUM_FORMATS + np.minimum(f, F.NUM_FORMATS - 1)  # [b, m, c]
+
+    def at(x):  # [m, n, e] -> [b, m, n, c]: each class's entry, 0 where none is held
+        got = np.take_along_axis(x[None], entry[:, :, None, :], axis=3)
+        return np.where(held[:, :, None, :], got, 0.0)
+
+    want_sums = at(table).astype(np.float64).sum(-1).transpose(1, 2, 0)
+    want_picked = at(picks).transpose(1, 2, 3, 0)
+    want_peak = np.maximum(at(peaks[:, None])[:, :, 0].max(-1), 0.0).T
+    one_hot = groups[:, None, :] == np.arange(n_groups)[:, None]  # [m, g, e]
+    want_groups = at(np.where(one_hot, weights[:, None, :], 0.0)).sum(-1).transpose(1, 2, 0)
+    want_ok = np.all(held | ~real, axis=-1).T
+    for start, size in ((0, b), (40, 64), (0, 256)):  # past the batch's end: zeros
+        got = jax.jit(functools.partial(_native_picks, n_groups=n_groups, size=size))(
+            grid, ids, np.int32(start), table, peaks, weights, groups, picks)
+        (sums, peak, by_group), picked, ok = (jax.tree.map(np.asarray, got))
+        n = min(b - start, size)
+
+        def want(x, n=n, start=start, size=size):
+            pad = np.zeros(x.shape[:-1] + (size - n,), x.dtype)
+            return np.concatenate([x[..., start:start + n], pad], axis=-1)
+
+        if not (np.allclose(sums, want(want_sums), rtol=1e-5, atol=1e-5)
+                and np.allclose(by_group, want(want_groups), rtol=1e-5, atol=1e-5)
+                and np.array_equal(peak, want(want_peak).astype(np.float32))
+                and np.array_equal(picked, want(want_picked)) and np.array_equal(ok, want(want_ok))):
+            raise RuntimeError("lj_picked_sums differs from NumPy's sums and picks")
 
 
 def _check_compact(rng) -> None:
