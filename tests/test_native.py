@@ -352,7 +352,7 @@ def test_native_picked_sums_of_a_chunk_read_in_place(l):
             grid, ids, *a, 5, _xla_picks, s, size))(np.int32(start), *tables)
         (sums, peak, by_group), picked, complete = jax.tree.map(np.asarray, tuple(got))
         n = min(200 - start, size)
-        for x, w in zip((sums, peak, by_group, picked, complete), whole):
+        for x, w in zip((sums, peak, by_group, picked, complete), whole, strict=True):
             np.testing.assert_allclose(x[..., :n], w[..., start:start + n], rtol=1e-5,
                                        atol=1e-5)
             assert not x[..., n:].any()

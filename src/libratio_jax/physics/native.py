@@ -439,7 +439,8 @@ def _check_picks(rng, ids) -> None:
         if not (np.allclose(sums, want(want_sums), rtol=1e-5, atol=1e-5)
                 and np.allclose(by_group, want(want_groups), rtol=1e-5, atol=1e-5)
                 and np.array_equal(peak, want(want_peak).astype(np.float32))
-                and np.array_equal(picked, want(want_picked)) and np.array_equal(ok, want(want_ok))):
+                and np.array_equal(picked, want(want_picked))
+                and np.array_equal(ok, want(want_ok))):
             raise RuntimeError("lj_picked_sums differs from NumPy's sums and picks")
 
 
