@@ -5,7 +5,7 @@ XLA's CPU code generator moves bytes slowly: counting a batch's row formats per 
 (``stability.rows_stability``) cost it more than all the physics after them, and its fusion
 pass recomputes per-plan values inside every per-row kernel that reads them
 (docs/performance.md). The optional extension ``libratio_jax.physics._native`` (C++, built
-by ``pip install`` where a compiler is found; ``setup.py``) holds four XLA FFI handlers for
+by ``pip install`` where a compiler is found; ``setup.py``) holds five XLA FFI handlers for
 the CPU:
 
 - ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
@@ -15,6 +15,9 @@ the CPU:
   of a per-entry table over the entries a plan holds, and weighted sums per group of entries
   (:func:`weighted_sums`), reading one-byte counts as they are (XLA's matrix products need a
   float copy of them) and skipping the entries that cannot add to a result;
+- ``lj_picked_sums``: the same sums of classes of one row each (merged rows) read from the
+  plans' formats with no counts between, and each class's entry of a table of picks
+  (:func:`picked_sums`; AVX-512, 16 plans to a vector, an entry for 16 plans one permute);
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
   rows_stability`, on XLA's thread pool, with huge pages advised for the output;
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
@@ -27,7 +30,7 @@ None holds physics: they count, multiply by tables the physics modules computed,
 copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
 the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
 after a check in this process: on other platforms, without the extension, on a CPU without
-AVX-512 (the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
+AVX-512 (VBMI for the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
 the XLA forms run. :func:`status` says which.
 
 Example:
