@@ -477,7 +477,7 @@ def test_merged_batch_equals_single_plan_physics():
     tenant's rows score as its sanitized formats, in the batch as alone."""
     sc = lj.reference_scenario(block_groups=1)  # 14 rows: 16 classes, 2 of them padding
     assert sc.row_classes is None and kernel._by_class(sc) == (
-        jax.default_backend() == "cpu" and native.status().counts)
+        jax.default_backend() == "cpu" and native.status().counts and native.status().picks)
     plans = _spoiled(sample_plans(sc, 48, seed=6), np.int32)
     batched = jax.jit(lambda p: lj.evaluate(sc, p))(plans)
     single = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)

@@ -254,25 +254,24 @@ def test_native_weighted_sums_never_reuse_another_calls_entries():
                                    rtol=1e-5, atol=1e-4)
 
 
-def _picks_inputs(rng, b, m, l, k=9, j=3, n_groups=5, hostile_grid=False):
-    """Hostile ids ``uint8[b, m, l]`` (out of the domain, the no-format id) in a grid of
-    one-row classes with two padding classes (row ``l``; with ``hostile_grid`` rows ``l +
-    1`` and negative, which the kernel reads as padding and the XLA form does not take),
-    and random tables for ``native.picked_sums``: ``(grid, ids, table, peaks, weights,
-    groups, picks)``."""
+def _picks_inputs(rng, b, m, l, k=9, j=3, n_groups=5):
+    """Hostile ids ``uint8[b, m, l]`` (out of the domain: the no-format id, 200, and 12 ..
+    27, which a permute of a 16-float column would read from its zero lanes or wrap) in a
+    grid of one-row classes with padding classes (rows ``l``, ``l + 1`` and negative), and
+    random tables for ``native.picked_sums``, the first tenant's peaks all at most 0 (some
+    -0.0): ``(grid, ids, table, peaks, weights, groups, picks)``."""
     c = l + 2
     ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
-    ids[rng.random(ids.shape) < 0.03] = F.NO_FORMAT
-    ids[rng.random(ids.shape) < 0.03] = F.NUM_FORMATS + 3
+    for bad in (F.NO_FORMAT, 200, F.NUM_FORMATS, F.NUM_FORMATS + 3, 16, 27):
+        ids[rng.random(ids.shape) < 0.01] = bad
     grid = np.stack([rng.permutation(c) for _ in range(m)]).astype(np.int32)[..., None]
-    if hostile_grid:
-        grid[grid == 0] = -4
-    else:
-        grid[grid > l] = l
+    grid[grid == 0] = -4
     e = c * F.NUM_FORMATS
     table = rng.normal(size=(m, k, e)).astype(np.float32)
     table[:, :, ::5] = 0.0  # entries with nothing to add
     peaks = rng.normal(size=(m, e)).astype(np.float32)
+    peaks[0] = -np.abs(peaks[0])
+    peaks[0, ::3] = -0.0
     weights = rng.normal(size=(m, e)).astype(np.float32)
     groups = rng.integers(-1, n_groups + 1, (m, e)).astype(np.int32)  # -1, n_groups: none
     picks = rng.normal(size=(m, j, e)).astype(np.float32)
@@ -309,23 +308,27 @@ def _numpy_picks(grid, ids, table, peaks, weights, groups, picks, n_groups):
 
 @needs_picks
 @pytest.mark.parametrize("b,l", [(1, 14), (17, 14), (70, 16), (200, 23), (600, 14)])
-def test_native_picked_sums_equal_numpy_and_the_xla_form(b, l):
+def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l):
     """The sums, groups, peak, picks and completeness of one-row classes read from hostile
-    ids: as plain NumPy loops and as the XLA form (the counts' weighted sums and products),
-    sums up to float rounding, the rest exactly; partial vectors of 16 plans, several tasks
-    (600), tenants of at most 16 rows (transposed 16 plans at a time) and of more."""
+    ids in a hostile grid: as plain NumPy loops and as ``picked_sums``' XLA form (the counts'
+    weighted sums and products, with the kernel off), sums up to float rounding, the rest
+    exactly; whole and as a chunk past the batch's end; partial vectors of 16 plans, several
+    tasks (600), tenants of at most 16 rows (transposed 16 plans at a time) and of more."""
     rng = np.random.default_rng(b + l)
     args = _picks_inputs(rng, b, 3, l)
     want = _numpy_picks(*args, n_groups=5)
-    got = jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))(*args)
-    with jax.default_device(jax.devices("cpu")[0]):  # the XLA form on its own
-        xla = jax.jit(_xla_picks)(*args)
-    hostile = _picks_inputs(np.random.default_rng(b + l), b, 3, l, hostile_grid=True)
-    for out, expected in ((got, want), (native.PickedSums(native.EntrySums(*xla[0]), *xla[1:]),
-                                        want),
-                          (jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))(*hostile),
-                           _numpy_picks(*hostile, n_groups=5))):
-        _assert_picks_equal(out, expected)
+    start, size = b // 3, 64  # (past the end for b < 96)
+    n = min(b - start, size)
+    chunk = [np.concatenate([x[..., start:start + n], np.zeros(x.shape[:-1] + (size - n,),
+                                                               x.dtype)], axis=-1)
+             for x in want]
+    for on in (True, False):
+        monkeypatch.setattr(native, "status", lambda on=on: NATIVE._replace(picks=on))
+        got = jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))(*args)
+        _assert_picks_equal(got, want)
+        got = jax.jit(lambda s, *a: native.picked_sums(*a, 5, _xla_picks, s, size))(
+            np.int32(start), *args)
+        _assert_picks_equal(got, chunk)
 
 
 def _assert_picks_equal(out, want):
@@ -345,7 +348,7 @@ def test_native_picked_sums_of_a_chunk_read_in_place(l):
     199 of 200, then empty slots): each chunk's results are the whole batch's, the slots
     past the end zeros and not complete."""
     rng = np.random.default_rng(l)
-    grid, ids, *tables = _picks_inputs(rng, 200, 2, l, hostile_grid=True)
+    grid, ids, *tables = _picks_inputs(rng, 200, 2, l)
     whole = _numpy_picks(grid, ids, *tables, n_groups=5)
     for start, size in ((0, 64), (96, 128), (150, 256)):
         got = jax.jit(lambda s, *a, size=size: native.picked_sums(
@@ -362,9 +365,9 @@ def test_native_picked_sums_of_a_chunk_read_in_place(l):
 def test_native_picked_sums_never_reuse_another_calls_tables():
     """The kernel keeps its columns from one call to the next while its inputs are the
     same: calls whose grid or one table entry differ, with the same shapes, get their own
-    results; a peak of -0.0 leaves the peak +0.0."""
+    results."""
     rng = np.random.default_rng(3)
-    base = list(_picks_inputs(rng, 64, 2, 14, hostile_grid=True))
+    base = list(_picks_inputs(rng, 64, 2, 14))
     call = jax.jit(lambda *a: native.picked_sums(*a, 5, _xla_picks))
     variants = [list(base) for _ in range(6)]
     variants[1][0] = base[0][::-1].copy()  # the grid
@@ -488,6 +491,13 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
             monkeypatch.setattr(native, "_self_check", broken)
             failed = native.status()
             assert not failed.fence and "self-check failed: RuntimeError: differs" in failed.reason
+            if NATIVE.picks:  # the picked sums' check apart: only that kernel off
+                monkeypatch.undo()
+                native.status.cache_clear()
+                monkeypatch.setattr(native, "_self_check_picks", broken)
+                failed = native.status()
+                assert failed == NATIVE._replace(picks=False, reason=failed.reason)
+                assert "lj_picked_sums' self-check failed: RuntimeError" in failed.reason
     finally:
         monkeypatch.undo()
         native.status.cache_clear()
@@ -514,7 +524,10 @@ def test_evaluate_is_the_same_with_and_without_native_kernels(monkeypatch, block
     plans = plans.replace(precision=prec, gpus=gpus)
     run = jax.jit(kernel.evaluate_batch)
     with_native = run(sc, plans)
-    assert "lj_fence" in run.lower(sc, plans).as_text()
+    program = run.lower(sc, plans).as_text()
+    assert "lj_fence" in program
+    if block_groups is not None and NATIVE.picks:  # merged rows: picked, never counted
+        assert "lj_picked_sums" in program and "lj_format_counts" not in program
     if kernel._by_class(sc) and batch > kernel.class_chunk(sc):
         assert jax.default_backend() != "cpu" or "while" in run.lower(sc, plans).as_text()
         wide = run(sc, plans.replace(precision=prec.astype(np.int32)))

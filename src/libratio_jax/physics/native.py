@@ -30,8 +30,8 @@ None holds physics: they count, multiply by tables the physics modules computed,
 copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
 the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
 after a check in this process: on other platforms, without the extension, on a CPU without
-AVX-512 (VBMI for the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the check fails,
-the XLA forms run. :func:`status` says which.
+AVX-512 (VBMI for the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the
+check fails, the XLA forms run. :func:`status` says which.
 
 Example:
     >>> from libratio_jax.physics import native
@@ -91,14 +91,20 @@ def status() -> NativeStatus:
         for name, capsule in _extension.handlers().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-            _self_check(bool(cpu["avx512_vbmi"]), bool(cpu["avx512"]))
+            _self_check(bool(cpu["avx512_vbmi"]))
     except Exception as e:  # any failure: the XLA forms, and the reason kept
         return NativeStatus(False, False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
     counts, picks = bool(cpu["avx512_vbmi"]), bool(cpu["avx512"])
-    return NativeStatus(counts, True, True, True, picks, True,
-                        "" if counts and picks else "this CPU has no AVX-512 VBMI: counts in XLA"
-                        if picks else "this CPU has no AVX-512: counts and picked sums in XLA")
+    reason = ("" if counts and picks else "this CPU has no AVX-512 VBMI: counts in XLA"
+              if picks else "this CPU has no AVX-512: counts and picked sums in XLA")
+    if picks:  # checked apart: a failure turns this kernel off, not the others
+        try:
+            with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+                _self_check_picks()
+        except Exception as e:
+            picks, reason = False, f"lj_picked_sums' self-check failed: {type(e).__name__}: {e}"
+    return NativeStatus(counts, True, True, True, picks, True, reason)
 
 
 def _result(like, shape, dtype):
@@ -223,8 +229,9 @@ class PickedSums(NamedTuple):
 
 def picked_sums(grid, ids, table, peaks, weights, groups, picks, n_groups: int, xla_fn,
                 start=None, size: int | None = None) -> PickedSums:
-    """:func:`weighted_sums` of plans whose classes hold one row each (``grid int32[M, C, 1]``:
-    merged rows, ``rowclasses.own_classes``) read from their one-byte format ids ``ids
+    """:func:`weighted_sums` of plans whose classes hold one row each (``grid int32[M, C, 1]``,
+    a row outside ``[0, L)`` padding: merged rows, ``rowclasses.own_classes``) read from
+    their one-byte format ids ``ids
     uint8[b, M, L]`` with no counts between (each class holds one entry, its row's format),
     and each class's entry of ``picks float32[M, J, C x F]``: ``picked[m, j, c, p]`` the
     entry ``c x F + f`` of ``picks[m, j]`` for the format ``f`` of class ``c``'s row in plan
@@ -236,6 +243,8 @@ def picked_sums(grid, ids, table, peaks, weights, groups, picks, n_groups: int, 
     groups, picks)`` (with ``ids`` of just those plans), which must return the same (a
     :class:`PickedSums`) up to float rounding, the peaks and picks exactly. Tables finite."""
     grid = jnp.asarray(grid, jnp.int32)
+    rows = ids.shape[2]
+    grid = jnp.where((grid >= 0) & (grid < rows), grid, rows)  # padding as the XLA form reads it
     table, peaks, weights, picks = (jnp.asarray(x, jnp.float32)
                                     for x in (table, peaks, weights, picks))
     groups = jnp.asarray(groups, jnp.int32)
@@ -334,10 +343,10 @@ def _fenced(tree):
     return jax.tree.map(lambda x: _fence_leaf(jnp.asarray(x)), tree)
 
 
-def _self_check(counts: bool, picks: bool = False) -> None:
+def _self_check(counts: bool) -> None:
     """Raise unless the native kernels give what NumPy gives on a small batch of hostile ids
     (out of the domain, padding slots, a partial tile of plans, a chunk past the batch's
-    end); ~0.1 s, once per process."""
+    end); ~0.1-0.3 s, once per process (:func:`_self_check_picks` apart)."""
     from libratio_jax.physics import formats as F
 
     rng = np.random.default_rng(0)
@@ -390,12 +399,23 @@ def _self_check(counts: bool, picks: bool = False) -> None:
                 and np.array_equal(top, want_top.astype(np.float32))
                 and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)):
             raise RuntimeError("lj_weighted_sums differs from NumPy's products and maximum")
-    for rows in (14, l) if picks else ():  # (at most 16 rows: transposed 16 plans at a time)
-        _check_picks(rng, ids[..., :rows])
     x = rng.random((b, m)).astype(np.float32)
     if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
         raise RuntimeError("lj_fence is not an identity")
     _check_compact(rng)
+
+
+def _self_check_picks() -> None:
+    """Raise unless ``lj_picked_sums`` gives what NumPy gives (:func:`_check_picks`) for
+    tenants of 14 rows (16 plans' rows transposed at once) and of 23."""
+    from libratio_jax.physics import formats as F
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, F.NUM_FORMATS, (70, 2, 23)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.05] = 200
+    ids[rng.random(ids.shape) < 0.05] = F.NUM_FORMATS + 4  # (a column's zero lanes)
+    for rows in (14, 23):
+        _check_picks(rng, ids[..., :rows])
 
 
 def _check_picks(rng, ids) -> None:
