@@ -307,7 +307,7 @@ def _numpy_picks(grid, ids, table, peaks, weights, groups, picks, n_groups):
 
 
 @needs_picks
-@pytest.mark.parametrize("b,l", [(1, 14), (17, 14), (70, 16), (200, 23), (600, 14)])
+@pytest.mark.parametrize("b,l", [(1, 14), (70, 16), (600, 23)])
 def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l):
     """The sums, groups, peak, picks and completeness of one-row classes read from hostile
     ids in a hostile grid: as plain NumPy loops and as ``picked_sums``' XLA form (the counts'
@@ -350,7 +350,7 @@ def test_native_picked_sums_of_a_chunk_read_in_place(l):
     rng = np.random.default_rng(l)
     grid, ids, *tables = _picks_inputs(rng, 200, 2, l)
     whole = _numpy_picks(grid, ids, *tables, n_groups=5)
-    for start, size in ((0, 64), (96, 128), (150, 256)):
+    for start, size in ((96, 128), (150, 256)):
         got = jax.jit(lambda s, *a, size=size: native.picked_sums(
             grid, ids, *a, 5, _xla_picks, s, size))(np.int32(start), *tables)
         (sums, peak, by_group), picked, complete = jax.tree.map(np.asarray, tuple(got))
