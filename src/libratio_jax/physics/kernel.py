@@ -508,7 +508,9 @@ def _picked_row_sums(scenario: Scenario, rows: dict, grid, fields: dict, ids, st
     seconds_per_flop = speed[0]
     for p in range(1, n_pools):
         seconds_per_flop = jnp.where(pool == p, speed[p], seconds_per_flop)
-    free = {k: jax.lax.slice_in_dim(v, 0, 1, axis=2) for k, v in rows.items() if k != "terms"}
+    # the terms that do not depend on the format at format 0's entry, the others picked
+    free = {k: jax.lax.slice_in_dim(v, 0, 1, axis=2) for k, v in rows.items()
+            if k not in ("terms", "class_rows")}
     picked = dict(free, weight_bytes=weight_bytes, io_bytes_per_token=io_bytes)
     # (an entry not held picks 0 bytes and 0 seconds per FLOP: its roofline is 0)
     roof, _ = row_roofline(r, picked, seconds_per_flop, r.gemm_fixed_seconds)
@@ -542,13 +544,16 @@ def _row_sums(scenario: Scenario, rows: dict, r, roofline, summed: list, sums) -
     def bf16(x):  # the BF16 column weighted by the class sizes
         return rows["class_rows"] * bf16_column(x)
 
-    roof_all, _ = row_roofline(r, rows, r.seconds_per_flop, r.gemm_fixed_seconds)
+    bf16_rows = {k: bf16_column(v) for k, v in rows.items() if k not in ("terms", "class_rows")}
+    bf16_roof, _ = row_roofline(r, bf16_rows, bf16_column(r.seconds_per_flop),
+                                bf16_column(r.gemm_fixed_seconds))  # [M, C, 1, b]
     bf16_groups = jnp.zeros((m, LAUNCH_GROUPS)).at[
         jnp.arange(m)[:, None], bf16_column(rows["launch_group"])[:, :, 0, 0]].add(
             bf16(rows["launch_weight"])[:, :, 0, 0])[..., None]  # [M, LAUNCH_GROUPS, 1]
     return dict(roofline=(roofline, launches(sums.by_group)),
                 largest_layer=sums.peak,
-                bf16=native.fence((class_total(bf16(roof_all)), launches(bf16_groups))),
+                bf16=native.fence((class_total(rows["class_rows"] * bf16_roof),
+                                   launches(bf16_groups))),
                 **{name: tuple(totals[name, k] for k in range(t.shape[1]))
                    for name, t in terms.items()})
 
