@@ -405,25 +405,22 @@ def _plan_factors(scenario: Scenario, fields: dict):
     return native.fence(jax.tree.map(batch_last, r))
 
 
-def _summed_terms(rows: dict) -> tuple[list, jax.Array]:
-    """The keys ``(module, index)`` of the row terms the class path sums (every module's,
-    less ``_FORMAT_FREE_TERMS`` and ``_SAME_TERMS``) and their table ``float32[M, K, C x F]``
-    (``rows`` of :func:`_class_rows`)."""
+def _sum_tables(rows: dict) -> tuple[list, tuple]:
+    """What the class path's weighted sums take of :func:`_class_rows`' entries, made once
+    per call outside the chunks: the keys ``(module, index)`` of the row terms summed (every
+    module's, less ``_FORMAT_FREE_TERMS`` and ``_SAME_TERMS``) and ``(table float32[M, K, C x
+    F], peaks, weights, groups [M, C x F])`` (``native.weighted_sums``' arguments)."""
     terms = rows["terms"]  # {module: [M, K, C, F]}
     m, _, c, f = terms["memory"].shape
     keys = [(name, k) for name, t in terms.items() for k in range(t.shape[1])]
     summed = [key for key in keys if key not in _FORMAT_FREE_TERMS and key not in _SAME_TERMS]
     table = jnp.stack([terms[name][:, k] for name, k in summed], axis=1).reshape(m, -1, c * f)
-    return summed, table
 
-
-def _entry_tables(rows: dict) -> tuple:
-    """``(peaks, weights, groups)`` ``[M, C x F]`` of :func:`_class_rows`' entries: what
-    ``native.weighted_sums`` takes beside the summed terms."""
     def flat(x):  # [M, C, F, 1] -> [M, C x F]
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(m, c * f)
 
-    return flat(rows["largest_layer"]), flat(rows["launch_weight"]), flat(rows["launch_group"])
+    return summed, (table, flat(rows["largest_layer"]), flat(rows["launch_weight"]),
+                    flat(rows["launch_group"]))
 
 
 def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
@@ -434,7 +431,8 @@ def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
             jnp.einsum("mge,meb->mgb", by_group, x))
 
 
-def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dict:
+def _class_row_sums(scenario: Scenario, rows: dict, tables: tuple, fields: dict,
+                    counts) -> dict:
     """The row sums of plans counted by class, ``[M, b]`` each, computed with the plans' axis
     last: ``roofline``, the ``(roofline, launch)`` seconds (``throughput.row_roofline``
     weighted by the counts, before tensor parallelism), ``bf16``, the same with every row in
@@ -442,7 +440,8 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     bytes of an entry the plan holds), and per module (``memory``, ``step``, ``stability``)
     the sums of its plan-independent row terms, its ``row_totals``. ``fields`` the plans'
     sanitized integer fields (``[b, M]``), ``counts`` theirs (``[M, C, F, b]``, any numeric
-    dtype), ``rows`` of :func:`_class_rows`. Written per plan inside ``vmap``, these sums
+    dtype), ``rows`` of :func:`_class_rows`, ``tables`` their :func:`_sum_tables`.
+    Written per plan inside ``vmap``, these sums
     made XLA transpose the counts to the plans' axis first and write every entry's terms
     before a contraction (~1.5 µs per plan on the 2-core machine); here they are one native
     pass over the counts (``native.weighted_sums``: the row terms' sums, the largest held
@@ -455,9 +454,9 @@ def _class_row_sums(scenario: Scenario, rows: dict, fields: dict, counts) -> dic
     # launches' weights summed by launch cost (throughput.launch_groups): linear in the
     # counts, no per-entry pass of their own.
     m, c, f, b = counts.shape
-    summed, table = _summed_terms(rows)
-    sums = native.weighted_sums(counts.reshape(m, c * f, b), table, *_entry_tables(rows),
-                                LAUNCH_GROUPS, _weighted_sums_in_xla)
+    summed, args = tables
+    sums = native.weighted_sums(counts.reshape(m, c * f, b), *args, LAUNCH_GROUPS,
+                                _weighted_sums_in_xla)
     return _row_sums(scenario, rows, r, class_total(counts * roof), summed, sums)
 
 
@@ -488,20 +487,22 @@ def _picked_in_xla(grid, ids, table, peaks, weights, groups, picks,
                                                     n_groups)), picked, complete)
 
 
-def _picked_row_sums(scenario: Scenario, rows: dict, grid, fields: dict, ids, start=None,
+def _picked_row_sums(scenario: Scenario, rows: dict, tables: tuple, picks, grid,
+                     fields: dict, ids, start=None,
                      size: int | None = None) -> tuple[dict, jax.Array]:
     """:func:`_class_row_sums` of plans whose classes hold one row each (merged rows,
-    ``rowclasses.own_classes``; ``grid int32[M, C, 1]``), read from their format ids ``ids
+    ``rowclasses.own_classes``; ``grid int32[M, C, 1]``; ``picks`` of :func:`_picks`, made
+    once per call as ``tables`` are), read from their format ids ``ids
     uint8[b, M, L]`` (``start``, ``size``: a chunk of them read where it lies,
     ``native.picked_sums``), and whether every row of a tenant holds a format (``[M, b]``).
     Instead of the counts (16 x 12 entries a tenant, each written, then read by the sums and
     by the roofline's per-entry pass), a native pass sums each class's entry and picks its
     format's roofline terms, so the roofline runs on the ``C`` classes alone."""
     r = _plan_factors(scenario, fields)
-    summed, table = _summed_terms(rows)
+    summed, args = tables
     n_pools = scenario.cluster.peak_flops.shape[0]
-    got = native.picked_sums(grid, ids, table, *_entry_tables(rows), _picks(scenario, rows),
-                             LAUNCH_GROUPS, _picked_in_xla, start, size)
+    got = native.picked_sums(grid, ids, *args, picks, LAUNCH_GROUPS, _picked_in_xla, start,
+                             size)
     weight_bytes, io_bytes, *speed = (got.picked[:, j][:, :, None, :]
                                       for j in range(2 + n_pools))  # [M, C, 1, b] each
     pool = jnp.moveaxis(jnp.clip(fields["pool"], 0, n_pools - 1), 0, -1)[:, None, None, :]
@@ -520,7 +521,7 @@ def _picked_row_sums(scenario: Scenario, rows: dict, grid, fields: dict, ids, st
 def _row_sums(scenario: Scenario, rows: dict, r, roofline, summed: list, sums) -> dict:
     """:func:`_class_row_sums`' dict from the plan factors ``r`` (:func:`_plan_factors`), the
     plans' roofline seconds ``roofline [M, b]``, and ``sums`` (``native.EntrySums``) of the
-    ``summed`` terms (:func:`_summed_terms`)."""
+    ``summed`` terms (:func:`_sum_tables`)."""
     terms = rows["terms"]  # {module: [M, K, C, F]}
     m, b = roofline.shape
     totals = {key: sums.sums[:, j] for j, key in enumerate(summed)}  # [M, b] each
@@ -673,6 +674,8 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         # (65,536 plans, no layer_stability, alternating processes: 1.12-1.27 -> 1.62-2.26 M
         # plans/s; docs/performance.md, twenty-sixth round).
         picked = scenario.row_classes is None
+        tables = _sum_tables(rows)  # (plan-independent: once, outside the chunks' loop)
+        picks = _picks(scenario, rows) if picked else None
         in_place = (plan.precision.dtype == jnp.uint8 and _chunked(plan.precision.shape[0], size)
                     and (native.status().picks if picked else native.status().counts))
 
@@ -683,14 +686,14 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
             else:
                 start, precision, opts = None, rows_or_index, {}
             if picked:
-                sums, complete = _picked_row_sums(scenario, rows, grid, fields,
+                sums, complete = _picked_row_sums(scenario, rows, tables, picks, grid, fields,
                                                   format_ids(precision), start, **opts)
                 counts = None  # (read by no metric when the sums are given)
             else:
                 # [M, C, F, b] as the kernel writes them (uint8 where they fit), [M, b]
                 counts, complete = format_counts(grid, precision, start=start,
                                                  with_complete=True, compact=True, **opts)
-                sums = _class_row_sums(scenario, rows, fields, counts)  # [M, b] each
+                sums = _class_row_sums(scenario, rows, tables, fields, counts)  # [M, b] each
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario,
                                               models=classes[0]),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,

@@ -231,20 +231,18 @@ def picked_sums(grid, ids, table, peaks, weights, groups, picks, n_groups: int, 
                 start=None, size: int | None = None) -> PickedSums:
     """:func:`weighted_sums` of plans whose classes hold one row each (``grid int32[M, C, 1]``,
     a row outside ``[0, L)`` padding: merged rows, ``rowclasses.own_classes``) read from
-    their one-byte format ids ``ids
-    uint8[b, M, L]`` with no counts between (each class holds one entry, its row's format),
-    and each class's entry of ``picks float32[M, J, C x F]``: ``picked[m, j, c, p]`` the
-    entry ``c x F + f`` of ``picks[m, j]`` for the format ``f`` of class ``c``'s row in plan
-    ``p``, 0 for a padding class or an id not in ``[0, F)``; ``complete`` as
-    :func:`format_counts`'. ``table``, ``peaks``, ``weights``, ``groups``, ``n_groups`` as
-    :func:`weighted_sums`' (entries ``c x F + f``). ``start`` and ``size``: the ``size`` plans
-    from ``start`` on, read where they lie (:func:`format_counts`'). The native kernel on the
-    CPU when :func:`status` allows it, else ``xla_fn(grid, ids, table, peaks, weights,
-    groups, picks)`` (with ``ids`` of just those plans), which must return the same (a
-    :class:`PickedSums`) up to float rounding, the peaks and picks exactly. Tables finite."""
+    their one-byte format ids ``ids uint8[b, M, L]`` with no counts between (each class holds
+    one entry, its row's format), and each class's entry of ``picks float32[M, J, C x F]``:
+    ``picked[m, j, c, p]`` the entry ``c x F + f`` of ``picks[m, j]`` for the format ``f`` of
+    class ``c``'s row in plan ``p``, 0 for a padding class or an id not in ``[0, F)``;
+    ``complete`` as :func:`format_counts`'. ``table``, ``peaks``, ``weights``, ``groups``,
+    ``n_groups`` as :func:`weighted_sums`' (entries ``c x F + f``). ``start`` and ``size``:
+    the ``size`` plans from ``start`` on, read where they lie (:func:`format_counts`'). The
+    native kernel on the CPU when :func:`status` allows it, else ``xla_fn(grid, ids, table,
+    peaks, weights, groups, picks)`` (with ``ids`` of just those plans), which must return
+    the same (a :class:`PickedSums`) up to float rounding, the peaks and picks exactly.
+    Tables finite."""
     grid = jnp.asarray(grid, jnp.int32)
-    rows = ids.shape[2]
-    grid = jnp.where((grid >= 0) & (grid < rows), grid, rows)  # padding as the XLA form reads it
     table, peaks, weights, picks = (jnp.asarray(x, jnp.float32)
                                     for x in (table, peaks, weights, picks))
     groups = jnp.asarray(groups, jnp.int32)
@@ -253,7 +251,9 @@ def picked_sums(grid, ids, table, peaks, weights, groups, picks, n_groups: int, 
         jnp.asarray(start, jnp.int32), 0, ids.shape[0])
     size = ids.shape[0] if size is None else size
 
-    def xla(g, i, s, *t):
+    def xla(g, i, s, *t):  # (the kernel reads a row outside [0, L) as padding itself)
+        rows = i.shape[2]
+        g = jnp.where((g >= 0) & (g < rows), g, rows)
         return PickedSums(*xla_fn(g, _chunk_of(i, s, size), *t))
 
     if not status().picks:
