@@ -35,9 +35,9 @@ STEPS = ("evaluate", "rowstats", "floor", "env", "reward", "sharded", "plot")
 
 
 def plan_bytes(tenants: int, layers: int) -> int:
-    """Bytes of one plan as the kernel reads it: ``precision [M, L]`` and 8 ``[M]`` fields,
-    int32 each (physics/plan.py)."""
-    return 4 * tenants * layers + 8 * 4 * tenants
+    """Bytes of one plan as the benchmarks store it: ``precision [M, L]`` one byte per row
+    (uint8, ``sample_plans``) and 8 int32 ``[M]`` fields (physics/plan.py)."""
+    return tenants * layers + 8 * 4 * tenants
 
 
 def hbm_limit(device_kind: str, tenants: int, layers: int) -> float | None:

@@ -17,11 +17,12 @@ the whole call). Compile time is the first call (trace + XLA compile + one run) 
 state run; run time is the median of ``--repeats`` steady-state calls. Then, per resolution,
 two lines ``evaluate_single_call`` per plan of ``PLAN_FORMATS``: microseconds of one
 ``lj.evaluate`` call on one plan of NumPy arrays, or JAX arrays (validation, dispatch and the
-result included; what a server step pays), the median
-of ``--repeats`` rounds of 200 calls, the fastest of ``SINGLE_CALL_TRIALS`` fresh processes
-(``processes``) with JAX's default asynchronous CPU dispatch and with
-``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA fusions) of that
-program (``program_kernels``).
+result included; what a server step pays), the median of ``--repeats`` rounds of 200 calls,
+the fastest of ``--single-call-trials`` fresh processes (``processes``, default
+``SINGLE_CALL_TRIALS``; 0 skips them) with JAX's default asynchronous dispatch and, on the
+CPU, with ``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA
+fusions) of that program (``program_kernels``). A batch too large for the device's memory is
+reported on stderr and skipped.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def reference_rate(sc, plans, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def run(batches, block_groups, repeats: int, reference_plans: int, out: list) -> None:
+def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
+        trials: int) -> None:
     sc = lj.reference_scenario(block_groups=block_groups)
     ref_rate = reference_rate(sc, sample_plans(sc, 4096, seed=0), reference_plans)
     # With and without the per-row output (Metrics.layer_stability), which a batch summed by
@@ -76,14 +78,16 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list) ->
     # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), that
     # plan with its first and last two blocks in BF16 (up to 25 pairs), and the plan of a
     # format per layer kind in JAX arrays (as Plan.from_choices builds it).
-    for formats in PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]:
-        trials = {False: [], True: []}
-        for _ in range(SINGLE_CALL_TRIALS):  # the modes alternate: both see the machine's moods
-            for inline in (False, True):
-                trials[inline].append(single_call(block_groups, repeats, inline, formats))
-        for inline in (False, True):
-            rec = min(trials[inline], key=lambda r: r["call_microseconds"])
-            rec["processes"] = SINGLE_CALL_TRIALS
+    # Inline dispatch is a setting of JAX's CPU backend: elsewhere only the default is timed.
+    modes = (False, True) if jax.default_backend() == "cpu" else (False,)
+    for formats in PLAN_FORMATS if sc.row_classes is not None and trials else PLAN_FORMATS[:1]:
+        got = {inline: [] for inline in modes}
+        for _ in range(trials):  # the modes alternate: both see the machine's moods
+            for inline in modes:
+                got[inline].append(single_call(block_groups, repeats, inline, formats))
+        for inline in modes if trials else ():
+            rec = min(got[inline], key=lambda r: r["call_microseconds"])
+            rec["processes"] = trials
             print(json.dumps(rec), flush=True)
             out.append(rec)
 
@@ -100,7 +104,13 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
             fn = functools.partial(lj.evaluate, validate=False, layer_stability=per_row)
             label = (f"evaluate, {sc.num_layers} rows, batch {batch:,}"
                      + ("" if per_row else ", no layer_stability"))
-            compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats, label=label)
+            try:
+                compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats, label=label)
+            except jax.errors.JaxRuntimeError as e:  # a batch too large for the device
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                print(f"{label}: out of device memory, skipped", file=sys.stderr, flush=True)
+                continue
             rate = batch / run_s
             rec = {
                 "benchmark": "evaluate_throughput",
@@ -280,6 +290,8 @@ def main(argv=None) -> None:
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reference-plans", type=int, default=50)
+    ap.add_argument("--single-call-trials", type=int, default=SINGLE_CALL_TRIALS,
+                    help="fresh processes per single-call measurement (0: none)")
     ap.add_argument("--single-call", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--formats", type=int, default=0, help=argparse.SUPPRESS)
@@ -297,7 +309,8 @@ def main(argv=None) -> None:
         return
     records: list = []
     for g in args.block_groups:
-        run(args.batches, g or None, args.repeats, args.reference_plans, records)
+        run(args.batches, g or None, args.repeats, args.reference_plans, records,
+            args.single_call_trials)
     save_records("evaluate_throughput", records, args.out, args.save_results)
 
 

@@ -87,8 +87,7 @@ def reward_adversarial() -> str:
 
 def evaluate_throughput() -> str:
     rows = []
-    for name in ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu_full.json",
-                 "evaluate_throughput_gpu_coarse.json"):
+    for name in ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu.json"):
         for r in _load(BENCH, name) or []:
             if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
                 continue

@@ -12,6 +12,7 @@ import pytest
 import libratio_jax as lj
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import kernel, native
+from libratio_jax.physics import rowclasses as RC
 from libratio_jax.physics.kernel import (
     _pack_plan,
     _packed_scenario,
@@ -235,14 +236,20 @@ def test_format_counts_equal_a_numpy_count(dtype):
     sizes = (grid < l).sum(axis=(1, 2))  # [M] rows in the tenant's classes
     np.testing.assert_array_equal(np.asarray(complete).T, want.sum(axis=(2, 3)) == sizes)
     assert np.asarray(complete).any() and (dtype == np.bool_ or not np.asarray(complete).all())
+    # the XLA form too, whatever runs here
+    counts, xla_complete = jax.jit(RC.count_ids)(grid, RC.format_ids(ids))
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(counts), -1, 0), want)
+    np.testing.assert_array_equal(np.asarray(xla_complete), np.asarray(complete))
     if dtype == np.int32:  # a class of 300 rows: 8-bit counters widened before they overflow
         one = np.zeros((1, 1, 300), np.int32)
         big = np.arange(300, dtype=np.int32).reshape(1, 1, 300)
-        counts, complete = format_counts(big, one, with_complete=True)
-        assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0  # [M, C, F, B]
-        assert bool(complete[0, 0])
         last_bad = np.where(np.arange(300) == 299, 12, one)  # the 300th row out of domain
-        assert not bool(format_counts(big, last_bad, with_complete=True)[1][0, 0])
+        for count in (functools.partial(format_counts, with_complete=True),
+                      lambda g, p: RC.count_ids(g, RC.format_ids(p))):
+            counts, complete = count(big, one)
+            assert float(counts[0, 0, 0, 0]) == 300.0 and float(counts.sum()) == 300.0
+            assert bool(complete[0, 0])
+            assert not bool(count(big, last_bad)[1][0, 0])
 
 
 @pytest.mark.parametrize("shape", [(2, 16, 12, 5), (3, 5, 7, 4), (1, 1, 1, 3), (2, 3, 1, 2)])

@@ -43,6 +43,7 @@ from libratio_jax.physics.plan import (
     validate_plan,
 )
 from libratio_jax.physics.rowclasses import (
+    CONTRACTION_PRECISION,
     ENTRY_SHIFT,
     RowPairs,
     class_model,
@@ -427,8 +428,13 @@ def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
     """``native.weighted_sums``' XLA form for the class path's counts ``x [M, E, b]``."""
     x = x.astype(jnp.float32)
     by_group = (g[:, None, :] == jnp.arange(n_groups)[:, None]) * w[:, None, :]
-    return (jnp.einsum("mke,meb->mkb", t, x), _largest_present(x, v),
-            jnp.einsum("mge,meb->mgb", by_group, x))
+    # One product, so the counts are read once, in float32 (CONTRACTION_PRECISION: on an H100
+    # XLA's default is TF32). There the two TF32 products took 1.12 + 1.15 ms of a
+    # 1,048,576-plan call, the one float32 product 1.49 ms (docs/performance.md).
+    both = jnp.einsum("mke,meb->mkb", jnp.concatenate([t, by_group], axis=1), x,
+                      precision=CONTRACTION_PRECISION)
+    k = t.shape[1]
+    return both[:, :k], _largest_present(x, v), both[:, k:]
 
 
 def _class_row_sums(scenario: Scenario, rows: dict, tables: tuple, fields: dict,
@@ -482,7 +488,7 @@ def _picked_in_xla(grid, ids, table, peaks, weights, groups, picks,
     m, c, f, b = counts.shape
     flat = counts.reshape(m, c * f, b)
     picked = jnp.einsum("mjcf,mcfb->mjcb", picks.reshape(m, -1, c, f), counts,
-                        precision=jax.lax.Precision.HIGHEST)
+                        precision=CONTRACTION_PRECISION)
     return (native.EntrySums(*_weighted_sums_in_xla(flat, table, peaks, weights, groups,
                                                     n_groups)), picked, complete)
 

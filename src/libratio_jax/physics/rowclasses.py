@@ -152,7 +152,7 @@ def count_ids(grid, ids):
     slots]`` grid (whole rows of ``B`` plans at once), the formats counted slot by slot in
     8-bit lanes across the batch, and ``complete`` from the 8-bit counters class by class
     (summing the float counts over ``(classes, F)`` instead cost ~0.35 µs per plan at 512
-    plans)."""
+    plans). The same form is XLA's fastest measured on a GPU too (docs/performance.md)."""
     b, m, l = ids.shape
     rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
     rows = jnp.concatenate([rows, jnp.full((m, 1, b), F.NO_FORMAT, jnp.uint8)], axis=1)
@@ -238,12 +238,18 @@ def own_classes(models):
     return own, grid, padded(models.valid.astype(jnp.float32))
 
 
+# Contractions in float32: on a recent NVIDIA GPU, XLA's default for a float32 product is
+# TF32, its operands rounded to 10 bits of mantissa (far outside the reference's rtol 1e-5).
+CONTRACTION_PRECISION = jax.lax.Precision.HIGHEST
+
+
 def row_sum(x, row_weight=None):
     """``sum(x)`` over per-row terms ``x``, each row counted ``row_weight`` times (an array
     shaped like the rows; None: once)."""
     if row_weight is None:
         return jnp.sum(x)
-    return jnp.tensordot(jnp.broadcast_to(x, row_weight.shape), row_weight, row_weight.ndim)
+    return jnp.tensordot(jnp.broadcast_to(x, row_weight.shape), row_weight, row_weight.ndim,
+                         precision=CONTRACTION_PRECISION)
 
 
 def row_sums(terms, row_weight=None) -> list:
@@ -253,7 +259,7 @@ def row_sums(terms, row_weight=None) -> list:
     if row_weight is None:
         return [jnp.sum(x) for x in terms]
     stacked = jnp.stack([jnp.broadcast_to(x, row_weight.shape) for x in terms])
-    out = jnp.tensordot(stacked, row_weight, row_weight.ndim)
+    out = jnp.tensordot(stacked, row_weight, row_weight.ndim, precision=CONTRACTION_PRECISION)
     return [out[i] for i in range(len(terms))]
 
 
