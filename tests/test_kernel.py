@@ -551,6 +551,34 @@ def test_class_extrema_read_only_the_formats_a_plan_holds():
                                 by_rows.replace(layer_stability=None), rtol=1e-5, atol=1e-6)
 
 
+def _dot_generals(jaxpr):
+    """Every ``dot_general`` of a jaxpr, its sub-jaxprs' (both branches of a platform choice,
+    a loop's body) included."""
+    from jax._src import core
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from _dot_generals(sub)
+
+
+@pytest.mark.parametrize("block_groups", [None, 1])
+def test_contractions_ask_for_float32(block_groups):
+    """On a recent NVIDIA GPU XLA's default for a float32 product is TF32 (10 bits of
+    mantissa), which the CPU never shows: every contraction of a batch's program (the XLA
+    forms beside the native kernels included) and of ``row_sums`` asks for float32."""
+    sc = lj.reference_scenario(block_groups=block_groups)
+    plans = sample_plans(sc, 8, seed=0)
+    programs = [jax.make_jaxpr(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans),
+                jax.make_jaxpr(lambda x, w: RC.row_sums([x, 2.0 * x], w))(
+                    jnp.ones((3, 4)), jnp.ones((3, 4)))]
+    found = [e for program in programs for e in _dot_generals(program.jaxpr)]
+    assert len(found) >= 3
+    for eqn in found:
+        assert eqn.params["precision"] == (jax.lax.Precision.HIGHEST,) * 2, eqn
+
+
 def test_largest_held_entry_equals_a_numpy_masked_maximum():
     """ZeRO-3's largest gathered entry a plan holds, the peak of ``native.weighted_sums``:
     natively and in its XLA form (``kernel._largest_present``: the entries ranked per
