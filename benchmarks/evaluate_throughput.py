@@ -80,12 +80,17 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
     # format per layer kind in JAX arrays (as Plan.from_choices builds it).
     # Inline dispatch is a setting of JAX's CPU backend: elsewhere only the default is timed.
     modes = (False, True) if jax.default_backend() == "cpu" else (False,)
-    for formats in PLAN_FORMATS if sc.row_classes is not None and trials else PLAN_FORMATS[:1]:
+    plan_formats = PLAN_FORMATS if sc.row_classes is not None else PLAN_FORMATS[:1]
+    for formats in plan_formats if trials else ():
         got = {inline: [] for inline in modes}
         for _ in range(trials):  # the modes alternate: both see the machine's moods
             for inline in modes:
-                got[inline].append(single_call(block_groups, repeats, inline, formats))
-        for inline in modes if trials else ():
+                rec = single_call(block_groups, repeats, inline, formats)
+                if rec is not None:
+                    got[inline].append(rec)
+        for inline in modes:
+            if not got[inline]:
+                continue
             rec = min(got[inline], key=lambda r: r["call_microseconds"])
             rec["processes"] = trials
             print(json.dumps(rec), flush=True)
@@ -185,15 +190,21 @@ PLAN_FORMATS = ("per row", "per layer kind", "per layer kind, edge blocks in BF1
 EDGE_BLOCKS = 2
 
 
-def single_call(block_groups, repeats: int, inline: bool, formats: str = "per row") -> dict:
+def single_call(block_groups, repeats: int, inline: bool,
+                formats: str = "per row") -> dict | None:
     """``evaluate_single_call`` of one resolution, measured in a fresh process (JAX reads the
     dispatch mode when its backend starts): with JAX's default asynchronous CPU dispatch, or
     ``inline`` (``lj.inline_cpu_dispatch()``, what ``libratio serve`` uses); on a plan of
-    ``formats`` (one of ``PLAN_FORMATS``)."""
+    ``formats`` (one of ``PLAN_FORMATS``). None, with the child's error on stderr, when the
+    child fails (the other records are kept)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--single-call", str(block_groups or 0),
            "--repeats", str(repeats), "--formats", str(PLAN_FORMATS.index(formats))] + (
                ["--inline"] if inline else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"single call ({formats}, {'inline' if inline else 'async'} dispatch) failed:\n"
+              + done.stderr[-3000:], file=sys.stderr, flush=True)
+        return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
