@@ -200,7 +200,10 @@ def single_call(block_groups, repeats: int, inline: bool,
     cmd = [sys.executable, os.path.abspath(__file__), "--single-call", str(block_groups or 0),
            "--repeats", str(repeats), "--formats", str(PLAN_FORMATS.index(formats))] + (
                ["--inline"] if inline else [])
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    # On a GPU this process already holds JAX's preallocated 75% of the device's memory: the
+    # child allocates what it uses instead (JAX's XLA_PYTHON_CLIENT_PREALLOCATE).
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         print(f"single call ({formats}, {'inline' if inline else 'async'} dispatch) failed:\n"
               + done.stderr[-3000:], file=sys.stderr, flush=True)
