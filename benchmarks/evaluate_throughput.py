@@ -92,7 +92,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
             if not got[inline]:
                 continue
             rec = min(got[inline], key=lambda r: r["call_microseconds"])
-            rec["processes"] = trials
+            rec["processes"] = len(got[inline])  # (those that gave a record)
             print(json.dumps(rec), flush=True)
             out.append(rec)
 
@@ -201,8 +201,10 @@ def single_call(block_groups, repeats: int, inline: bool,
            "--repeats", str(repeats), "--formats", str(PLAN_FORMATS.index(formats))] + (
                ["--inline"] if inline else [])
     # On a GPU this process already holds JAX's preallocated 75% of the device's memory: the
-    # child allocates what it uses instead (JAX's XLA_PYTHON_CLIENT_PREALLOCATE).
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    # child allocates what it uses instead (JAX's XLA_PYTHON_CLIENT_PREALLOCATE), unless the
+    # caller set it.
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         print(f"single call ({formats}, {'inline' if inline else 'async'} dispatch) failed:\n"

@@ -1,7 +1,7 @@
 """Where the time of one batched ``lj.evaluate`` call goes: its kernels, from a ``jax.profiler``
 trace, on whatever device JAX runs (a GPU through the device tool, or the CPU).
 
-    python benchmarks/profile_evaluate.py [--batch 1048576] [--block-groups 0]
+    python benchmarks/profile_evaluate.py [--batch 16384] [--block-groups 0]
                                           [--layer-stability] [--top 25] [--out FILE]
 
 Times the call (median of ``--repeats`` steady-state calls, the jitted program of
@@ -43,7 +43,7 @@ _NOT_KERNELS = ("ThunkExecutor", "$", "while", "Pjit", "Common", "end:", "PjRt",
                 "jit_", "XLA", "command_buffer")
 
 
-def kernel_times(trace: dict) -> collections.Counter:
+def kernel_times(trace: dict) -> dict:
     """``{kernel name: (microseconds, launches)}`` of a trace's kernels: the events of its
     device processes (a process named ``/device:...``), or, without any (the CPU), its host
     events less ``_NOT_KERNELS``."""
@@ -79,9 +79,14 @@ def main(argv=None) -> None:
     folder = tempfile.mkdtemp(prefix="lj-profile-")
     try:
         jax.profiler.start_trace(folder)
-        jax.block_until_ready(fn(sc, plans))
-        jax.profiler.stop_trace()
-        path = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]
+        try:
+            jax.block_until_ready(fn(sc, plans))
+        finally:
+            jax.profiler.stop_trace()
+        paths = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        if not paths:
+            raise SystemExit(f"jax.profiler wrote no *.trace.json.gz under {folder}")
+        path = paths[0]
         with gzip.open(path) as f:
             times = kernel_times(json.load(f))
         if args.out:

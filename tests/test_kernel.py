@@ -554,29 +554,39 @@ def test_class_extrema_read_only_the_formats_a_plan_holds():
 def _dot_generals(jaxpr):
     """Every ``dot_general`` of a jaxpr, its sub-jaxprs' (both branches of a platform choice,
     a loop's body) included."""
-    from jax._src import core
+    from jax.extend.core import jaxprs_in_params
 
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             yield eqn
-        for sub in core.jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
             yield from _dot_generals(sub)
 
 
 @pytest.mark.parametrize("block_groups", [None, 1])
 def test_contractions_ask_for_float32(block_groups):
-    """On a recent NVIDIA GPU XLA's default for a float32 product is TF32 (10 bits of
-    mantissa), which the CPU never shows: every contraction of a batch's program (the XLA
-    forms beside the native kernels included) and of ``row_sums`` asks for float32."""
+    """JAX's documented default for a float32 product on a recent NVIDIA GPU is TF32 (10 bits
+    of mantissa), which the CPU never shows: every contraction of a batch's program (the XLA
+    forms beside the native kernels included, whichever path this machine takes), of the
+    picked sums' XLA form and of ``row_sum`` / ``row_sums`` with weights asks for float32."""
     sc = lj.reference_scenario(block_groups=block_groups)
     plans = sample_plans(sc, 8, seed=0)
-    programs = [jax.make_jaxpr(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans),
-                jax.make_jaxpr(lambda x, w: RC.row_sums([x, 2.0 * x], w))(
-                    jnp.ones((3, 4)), jnp.ones((3, 4)))]
-    found = [e for program in programs for e in _dot_generals(program.jaxpr)]
-    assert len(found) >= 3
-    for eqn in found:
-        assert eqn.params["precision"] == (jax.lax.Precision.HIGHEST,) * 2, eqn
+    m, c, f = 2, 3, F.NUM_FORMATS
+    x, w = jnp.ones((3, 4)), jnp.ones((3, 4))
+    programs = [
+        jax.make_jaxpr(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans),
+        jax.make_jaxpr(lambda x, w: RC.row_sums([x, 2.0 * x], w))(x, w),
+        jax.make_jaxpr(RC.row_sum)(x, w),
+        jax.make_jaxpr(kernel._picked_in_xla)(
+            jnp.zeros((m, c, 1), jnp.int32), jnp.zeros((5, m, c), jnp.uint8),
+            jnp.ones((m, 2, c * f)), jnp.ones((m, c * f)), jnp.ones((m, c * f)),
+            jnp.zeros((m, c * f), jnp.int32), jnp.ones((m, 3, c * f))),
+    ]
+    for program in programs:
+        found = list(_dot_generals(program.jaxpr))
+        assert found, program
+        for eqn in found:
+            assert eqn.params["precision"] == (jax.lax.Precision.HIGHEST,) * 2, eqn
 
 
 def test_largest_held_entry_equals_a_numpy_masked_maximum():

@@ -429,7 +429,7 @@ def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
     x = x.astype(jnp.float32)
     by_group = (g[:, None, :] == jnp.arange(n_groups)[:, None]) * w[:, None, :]
     # One product, so the counts are read once, in float32 (CONTRACTION_PRECISION: on an H100
-    # XLA's default is TF32). There the two TF32 products took 1.12 + 1.15 ms of a
+    # JAX's default is TF32). There the two default products took 1.12 + 1.15 ms of a
     # 1,048,576-plan call, the one float32 product 1.49 ms (docs/performance.md).
     both = jnp.einsum("mke,meb->mkb", jnp.concatenate([t, by_group], axis=1), x,
                       precision=CONTRACTION_PRECISION)

@@ -152,7 +152,8 @@ def count_ids(grid, ids):
     slots]`` grid (whole rows of ``B`` plans at once), the formats counted slot by slot in
     8-bit lanes across the batch, and ``complete`` from the 8-bit counters class by class
     (summing the float counts over ``(classes, F)`` instead cost ~0.35 µs per plan at 512
-    plans). The same form is XLA's fastest measured on a GPU too (docs/performance.md)."""
+    plans). On an H100 it was measured against four other forms and kept
+    (docs/performance.md, twenty-seventh round)."""
     b, m, l = ids.shape
     rows = jnp.transpose(ids, (1, 2, 0))  # [M, L, B]: one class slot is one contiguous row
     rows = jnp.concatenate([rows, jnp.full((m, 1, b), F.NO_FORMAT, jnp.uint8)], axis=1)
@@ -238,8 +239,9 @@ def own_classes(models):
     return own, grid, padded(models.valid.astype(jnp.float32))
 
 
-# Contractions in float32: on a recent NVIDIA GPU, XLA's default for a float32 product is
-# TF32, its operands rounded to 10 bits of mantissa (far outside the reference's rtol 1e-5).
+# Contractions in float32: on a recent NVIDIA GPU, JAX's documented default for a float32
+# product is TF32, its operands rounded to 10 bits of mantissa (far coarser than the
+# reference's rtol 1e-5).
 CONTRACTION_PRECISION = jax.lax.Precision.HIGHEST
 
 
