@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.rowclasses import row_sums
+from libratio_jax.physics.rowclasses import CONTRACTION_PRECISION, row_sums
 from libratio_jax.physics.scenario import TRAIN
 
 # Relative error tolerated per kind (training), in KIND_NAMES order.
@@ -110,7 +109,7 @@ def row_stability_table(models: A.ModelSpec, mode, present):
     keep = models.valid & jnp.asarray(present)[:, None]
     index = jnp.where(keep, models.kind + jnp.where(serving, n_kinds, 0), 2 * n_kinds)
     onehot = (index[..., None] == jnp.arange(2 * n_kinds + 1)).astype(jnp.float32)
-    return jnp.einsum("mlk,kf->fml", onehot, table, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum("mlk,kf->fml", onehot, table, precision=CONTRACTION_PRECISION)
 
 
 def rows_stability(table, precision, keep):
