@@ -1,13 +1,14 @@
 """Run every throughput benchmark and plot plans/s vs batch size.
 
-    python -m benchmarks            # CPU defaults, ~5 minutes on 2 cores
+    python -m benchmarks            # CPU defaults, ~6 minutes on 2 cores
     python -m benchmarks --quick    # smaller batches, ~2 minutes
     python -m benchmarks --only evaluate plot
 
 Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
 (row_statistics.py: ways to count a plan's formats per row class, docs/performance.md),
 ``floor`` (class_floor.py: the cheapest form of the full-resolution path, step by step), ``env``
-(env_throughput.py), ``reward`` (reward_latency.py), ``sharded`` (sharded_throughput.py, in a
+(env_throughput.py), ``reward`` (reward_latency.py), ``search`` (search_throughput.py: the
+team reward of a batch and a CEM search), ``sharded`` (sharded_throughput.py, in a
 fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
 run) as ``benchmarks/results/plans_per_second.png``, plans/s vs batch per device and model
@@ -31,7 +32,7 @@ sys.path.insert(0, HERE)
 
 from common import RESULTS, results_folder  # noqa: E402
 
-STEPS = ("evaluate", "rowstats", "floor", "env", "reward", "sharded", "plot")
+STEPS = ("evaluate", "rowstats", "floor", "env", "reward", "search", "sharded", "plot")
 
 
 def plan_bytes(tenants: int, layers: int) -> int:
@@ -129,6 +130,11 @@ def main(argv=None) -> None:
         import reward_latency
 
         reward_latency.main(["--batches", "64", "1024", *save])
+    if "search" in args.only:
+        import search_throughput
+
+        search_throughput.main(["--batch", "4096" if quick else "16384",
+                                *(["--cem-samples", "20000"] if quick else []), *save])
     if "sharded" in args.only:
         import jax
 

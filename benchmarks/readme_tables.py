@@ -63,6 +63,21 @@ def env_throughput() -> str:
     return _table(("device", "reward", "environments", "agent-steps/s", "compile"), rows)
 
 
+def search_throughput() -> str:
+    rows = []
+    for r in _load(BENCH, "search_throughput_cpu.json") or []:
+        if r["benchmark"] == "team_rewards":
+            rows.append((_device(r), "team rewards of a batch", f"{r['layers']} rows",
+                         f"{r['batch']:,} plans", f"{_si(r['plans_per_second'])} plans/s",
+                         f"{_si(r['per_plan_plans_per_second'])} plans/s"))
+        elif r["benchmark"] == "cem":
+            rows.append((_device(r), "CEM search", "medium scenario",
+                         f"{r['iterations']} x {r['samples']:,} plans", f"{r['seconds']:.2f} s",
+                         f"{r['per_plan_seconds']:.2f} s"))
+    return _table(("device", "what", "model rows", "size", "batch path", "each plan alone"),
+                  rows)
+
+
 def reward_latency() -> str:
     rows = []
     for r in _load(BENCH, "reward_latency_cpu.json") or []:
@@ -286,7 +301,7 @@ def eval_baselines() -> str:
 
 
 TABLES = {f.__name__.replace("_", "-"): f for f in (
-    env_throughput, reward_latency, reward_adversarial, evaluate_throughput,
+    env_throughput, search_throughput, reward_latency, reward_adversarial, evaluate_throughput,
     evaluate_single_call, row_statistics, class_floor, baselines, jax_grpo,
     difference_rewards, classic_throughput, greedy_policy, session_throughput,
     oversight_baselines, recovery_baselines, eval_baselines, server_load, rl_cluster,

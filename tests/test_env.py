@@ -174,6 +174,27 @@ def test_each_ird_rule_triggers_and_not():
     assert float(g) == -1.0
 
 
+def test_lowest_precision_rule_per_format():
+    """``all_lowest_precision`` fires for a tenant whose every row is in a format of at most
+    4.5 bits (read from ``formats.STORAGE_BITS`` here), for no other format, and not when
+    one row is in another format."""
+    sc = lj.reference_scenario(block_groups=1)
+    base = lj.Plan.from_choices(sc, [{"gpus": 2, "zero_stage": 3, "recompute": True}] * 4)
+    rules = jax.jit(lambda p: ird.rules(evaluate_one(sc, p), sc, p))
+    low = []
+    for f, name in enumerate(F.FORMAT_NAMES):
+        prec = np.asarray(base.precision).copy()
+        prec[0] = f
+        fired = _rule(rules(base.replace(precision=jnp.asarray(prec))), "all_lowest_precision")
+        assert fired == (float(F.STORAGE_BITS[f]) <= 4.5), name
+        if fired:
+            low.append(name)
+            prec[0, 5] = F.BF16
+            assert not _rule(rules(base.replace(precision=jnp.asarray(prec))),
+                             "all_lowest_precision"), name
+    assert len(low) == 4, low
+
+
 def test_difference_rewards_equal_brute_force(hard_env):
     env, params = hard_env
     rp = params.reward

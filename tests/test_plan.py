@@ -305,6 +305,35 @@ def test_gate_fields_equals_sanitizing_with_the_formats_verdict():
         np.testing.assert_array_equal(np.asarray(got[f]), np.asarray(want[f]), err_msg=f)
 
 
+def test_safe_plan_from_the_verdict_equals_sanitize_plan():
+    """``safe_plan`` (what ``team_rewards`` gives the rules, from a batch's ``plan_valid``)
+    is ``sanitize_plan``'s safe plan, on hostile formats (out of range, fractional, NaN)
+    and fields, with an empty tenant slot."""
+    import jax
+
+    from libratio_jax.physics.plan import safe_plan, sanitize_plan
+
+    sc = lj.Scenario.build(
+        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
+        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
+         lj.Tenant("Mixtral-8x7B", dict(mode="serve", batch=8, seq_len=2048))],
+        max_tenants=3, block_groups=2)
+    n = 128
+    plans = sample_plans(sc, n, seed=4)
+    rng = np.random.default_rng(4)
+    prec = np.asarray(plans.precision).astype(np.float32)
+    prec = np.where(rng.random(prec.shape) < 0.02,
+                    rng.choice([-1, 12, 2.5, np.nan], size=prec.shape), prec)
+    tp = np.where(rng.random((n, 3)) < 0.2, 3, np.asarray(plans.tp))
+    plans = plans.replace(precision=prec, tp=tp.astype(np.float32))
+    want, valid = jax.vmap(lambda p: sanitize_plan(sc, p))(plans)
+    assert 0.2 < float(np.mean(np.asarray(valid)[:, :2])) < 0.95
+    got = jax.vmap(lambda p, v: safe_plan(sc, p, v))(plans, valid)
+    for f in vars(want):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)),
+                                      np.asarray(getattr(want, f)), err_msg=f)
+
+
 def test_divides_is_python_remainder_on_hostile_integers():
     """The sanitizer's divisibility test (``plan._divides``, a float32 quotient) says what
     Python's ``n % d == 0`` says with C remainders (``d = 0`` divides only 0), for every

@@ -15,8 +15,10 @@ from libratio_jax.agents import plan_space as S
 from libratio_jax.agents.policies import greedy_plan
 from libratio_jax.agents.search import cem, ranking_score
 from libratio_jax.physics import formats as F
+from libratio_jax.physics.plan import sample_plans
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.difference import team_reward_of, team_rewards
+from libratio_jax.rewards.ird import RULE_NAMES
 
 PARAMS = RewardParams.make()
 
@@ -150,16 +152,67 @@ def test_mode_is_the_argmax():
                                       np.argmax(np.asarray(getattr(logits, name)), -1))
 
 
-def test_team_rewards_batch_equals_one_at_a_time():
-    sc = SCENARIOS[9]
-    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(1), S.uniform_logits(sc), (64,)))
+def _hostile_plans(sc, n, seed):
+    """Random plans with tenants in every 4-bit format (``all_lowest_precision``), without
+    GPUs (``starved``), and out of their domain (format ids out of range, fractional or NaN,
+    a ``tp`` that divides nothing): float32 arrays, as a policy's raw output could be."""
+    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(seed), S.uniform_logits(sc),
+                                          (n,)))
+    rng = np.random.default_rng(seed)
+    prec = np.asarray(plans.precision).astype(np.float32)
+    low = [f for f in range(F.NUM_FORMATS) if F.STORAGE_BITS[f] <= 4.5]
+    all_low = rng.random(prec.shape[:2]) < 0.15
+    prec = np.where(all_low[..., None], rng.choice(low, size=prec.shape), prec)
+    prec = np.where(rng.random(prec.shape) < 0.002,
+                    rng.choice([-1, 12, 2.5, np.nan], size=prec.shape), prec)
+    gpus = np.where(rng.random(prec.shape[:2]) < 0.1, 0, np.asarray(plans.gpus))
+    tp = np.where(rng.random(prec.shape[:2]) < 0.05, 3, np.asarray(plans.tp))
+    return plans.replace(precision=jnp.asarray(prec), gpus=jnp.asarray(gpus, jnp.float32),
+                         tp=jnp.asarray(tp, jnp.float32))
+
+
+def _full_resolution_scenario():
+    return lj.Scenario.build(
+        lj.ClusterSpec.mixed({"H100-SXM": 8, "L40S": 4}),
+        [lj.Tenant("tiny-llama", dict(mode="train", batch=8, seq_len=512)),
+         lj.Tenant("Qwen2.5-0.5B", dict(mode="serve", batch=16, seq_len=1024))],
+        max_tenants=3)
+
+
+@pytest.mark.parametrize("which", ["merged", "full", "uint8"])
+def test_team_rewards_equal_each_plan_judged_alone(which):
+    """``team_rewards`` (the batch path: class sums, the rules' plan from the metrics'
+    verdict) gives each plan what ``team_reward_of`` (its own rows) gives it: hostile plans
+    included, every rule that can fire firing on some, chunked batches on the CPU."""
+    sc = SCENARIOS[9] if which == "merged" else _full_resolution_scenario()
+    plans = _hostile_plans(sc, 1100, seed=1)  # 3 chunks of merged rows, the last one short
+    if which == "uint8":  # one byte per row, as evaluate_throughput stores them
+        plans = sample_plans(sc, 600, seed=2)
     g, fired, u = jax.jit(team_rewards)(sc, plans, PARAMS)
-    one = jax.jit(team_reward_of)
-    for b in range(0, 64, 7):
-        gb, fb, ub, _ = one(sc, jax.tree.map(lambda x, b=b: x[b], plans), PARAMS)
-        assert float(g[b]) == pytest.approx(float(gb), abs=1e-6)
-        np.testing.assert_array_equal(fired[b], fb)
-        np.testing.assert_allclose(u[b], ub, atol=1e-6)
+    gb, fb, ub, _ = jax.jit(jax.vmap(team_reward_of, in_axes=(None, 0, None)))(sc, plans,
+                                                                                 PARAMS)
+    np.testing.assert_array_equal(np.asarray(fired), np.asarray(fb))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(gb), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(u), np.asarray(ub), rtol=1e-5, atol=1e-6)
+    if which != "uint8":
+        fired = np.asarray(fired)
+        for r in ("all_lowest_precision", "starved", "invalid_plan"):
+            assert fired[:, RULE_NAMES.index(r)].any(), r
+        assert (~fired.any(-1)).any() or which == "full"
+
+
+def test_team_rewards_under_vmap_over_scenarios():
+    """As ``experiments/jax_grpo.py`` calls it: a ``vmap`` over scenarios of one capacity,
+    each with its own plans, equals each scenario on its own."""
+    scs = [SCENARIOS[9], SCENARIOS[10]]
+    plans = [_hostile_plans(sc, 96, seed=k) for k, sc in enumerate(scs)]
+    stack = lambda *x: jnp.stack(x)  # noqa: E731
+    got = jax.jit(jax.vmap(team_rewards, in_axes=(0, 0, None)))(
+        jax.tree.map(stack, *scs), jax.tree.map(stack, *plans), PARAMS)
+    for k, (sc, p) in enumerate(zip(scs, plans, strict=True)):
+        want = jax.jit(team_rewards)(sc, p, PARAMS)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_ranking_score_orders_feasible_then_fewer_rules():

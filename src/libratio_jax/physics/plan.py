@@ -588,6 +588,17 @@ def sanitize_precision(precision, keep) -> jnp.ndarray:
     return jnp.where(keep[:, None], _integral(precision, 0, F.NUM_FORMATS - 1)[0], F.BF16)
 
 
+def safe_plan(scenario, plan: Plan, plan_valid) -> Plan:
+    """:func:`sanitize_plan`'s safe plan of one plan given its verdict ``plan_valid[M]``
+    (e.g. the plan's ``Metrics.plan_valid``), without checking the row formats again: for a
+    caller that has the metrics of a batch and needs the plans the rules read
+    (``rewards.difference.team_rewards``)."""
+    fields, _ = sanitize_fields(scenario, plan)
+    keep = plan_valid & scenario.present
+    return Plan(precision=sanitize_precision(plan.precision, keep),
+                **_idle_unless(scenario, fields, keep))
+
+
 def _integral(x, lo, hi):
     """``(int32 values, in-domain mask)``: finite integers in ``[lo, hi]`` kept, others
     ``lo``."""

@@ -31,6 +31,11 @@ INVALID_PLAN = RULE_NAMES.index("invalid_plan")
 INVALID_PLAN_REWARD = 0.0
 NUM_RULES = len(RULE_NAMES)
 LOWEST_PRECISION_BITS = 4.5  # INT4, NF4, MXFP4, NVFP4
+# Bit f set for each format f of at most LOWEST_PRECISION_BITS: a row's test is a shift and a
+# mask, which XLA's CPU code vectorizes (a lookup in STORAGE_BITS is a gather, one row at a
+# time: full resolution, 16,384 plans, ~0.5 µs per plan of team_rewards' batch path).
+LOWEST_PRECISION_MASK = sum(1 << f for f in range(F.NUM_FORMATS)
+                            if F.STORAGE_BITS[f] <= LOWEST_PRECISION_BITS)
 
 
 def rules(metrics, scenario, plan):
@@ -38,8 +43,11 @@ def rules(metrics, scenario, plan):
     metrics were computed on; ``metrics.plan_valid`` says which tenants' plans were not)."""
     present = scenario.present
     valid = scenario.models.valid
-    bits = jnp.asarray(F.STORAGE_BITS, jnp.float32)[plan.precision]
-    all_low = jnp.all(jnp.where(valid, bits <= LOWEST_PRECISION_BITS, True), axis=-1)
+    # 1 where a real row is not 4-bit (the sanitized plan's format ids are in range); a max
+    # of bytes, which XLA's CPU code reduces fastest
+    higher = (jnp.right_shift(jnp.uint16(LOWEST_PRECISION_MASK),
+                              plan.precision.astype(jnp.uint16)) & 1) ^ 1
+    all_low = jnp.max(jnp.where(valid, higher, 0).astype(jnp.uint8), axis=-1) == 0
     has_work = scenario.workloads.batch > 0
     return jnp.stack([
         jnp.any(present & all_low),
