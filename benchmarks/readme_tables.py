@@ -67,8 +67,9 @@ def search_throughput() -> str:
     rows = []
     for r in _load(BENCH, "search_throughput_cpu.json") or []:
         if r["benchmark"] == "team_rewards":
-            rows.append((_device(r), "team rewards of a batch", f"{r['layers']} rows",
-                         f"{r['batch']:,} plans", f"{_si(r['plans_per_second'])} plans/s",
+            rows.append((_device(r), f"team rewards of a batch, {r['precision_dtype']} formats",
+                         f"{r['layers']} rows", f"{r['batch']:,} plans",
+                         f"{_si(r['plans_per_second'])} plans/s",
                          f"{_si(r['per_plan_plans_per_second'])} plans/s"))
         elif r["benchmark"] == "cem":
             rows.append((_device(r), "CEM search", "medium scenario",

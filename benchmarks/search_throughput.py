@@ -5,14 +5,16 @@ twenty-eighth round), and the seconds of a CEM search (``agents.search.cem``).
     python benchmarks/search_throughput.py [--batch 16384] [--repeats 5] [--cem-samples 100000]
 
 Rewards: the reference scenario at full resolution (399 rows per model) and with merged rows
-(``block_groups=1``, 14 rows), random valid plans (``sample_plans``: one byte per row); the two
-paths are timed in one process, alternating call by call (this machine's speed drifts within
-minutes), fastest call of each. CEM: 12 iterations of ``--cem-samples`` plans on a medium
-generated scenario, seconds per search after a first call that compiles, with the rewards
-of each path. Prints one JSON line
-per measurement: benchmark, device_kind, platform, then ``team_rewards`` (layers, batch,
-plans_per_second, per_plan_plans_per_second, compile_seconds) or ``cem`` (iterations, samples,
-seconds, per_plan_seconds, compile_seconds, best_reward).
+(``block_groups=1``, 14 rows), random valid plans (``sample_plans``), their row formats as one
+byte per row (as ``sample_plans`` stores them) and as int32 (as the plan space decodes them for
+CEM and GRPO); the two paths are timed in one process, alternating call by call (this
+machine's speed drifts within minutes), fastest call of each. CEM: 12 iterations of
+``--cem-samples`` plans on a medium generated scenario (``agents.search.cem``'s search, traced
+once with each path's rewards), the two alternated, fastest search of each. Prints one JSON
+line per measurement: benchmark, device_kind, platform, then ``team_rewards`` (layers,
+precision_dtype, batch, plans_per_second, per_plan_plans_per_second, compile_seconds) or
+``cem`` (iterations, samples, seconds, per_plan_seconds, compile_seconds, best_reward,
+per_plan_best_reward).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -32,7 +35,6 @@ from common import add_output_args, save_records  # noqa: E402
 import libratio_jax as lj  # noqa: E402
 from libratio_jax import scenarios  # noqa: E402
 from libratio_jax.agents import search as search_module  # noqa: E402
-from libratio_jax.agents.search import cem  # noqa: E402
 from libratio_jax.physics.kernel import map_plans  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
@@ -67,22 +69,34 @@ def alternating(fns: dict, args, repeats: int) -> tuple[dict, dict]:
     return best, {k: max(first[k] - best[k], 0.0) for k in fns}
 
 
-def _time_cem(sc, args) -> tuple[float, float, float]:
-    """``(fastest seconds, first call's seconds minus that, best reward)`` of the search."""
-    def search(key):
-        out = cem(sc, key, iterations=args.cem_iterations, num_samples=args.cem_samples)
-        return jax.block_until_ready(out.best_reward)
+def _searches(sc, args) -> dict:
+    """``{path: jitted search(key) -> best reward}``: ``agents.search.cem``'s scan of
+    ``cem_iteration``, traced once with each path's rewards (``cem_iteration`` reads the
+    module's ``team_rewards`` when it is traced)."""
+    params = RewardParams.make()
 
-    print("cem: compiling ...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    search(jax.random.PRNGKey(0))
-    first = time.perf_counter() - t0
-    times, best_reward = [], None
-    for k in range(max(args.repeats // 2, 1)):
-        t0 = time.perf_counter()
-        best_reward = search(jax.random.PRNGKey(k + 1))
-        times.append(time.perf_counter() - t0)
-    return min(times), max(first - min(times), 0.0), float(best_reward)
+    def search(key):
+        def body(state, k):
+            return search_module.cem_iteration(sc, state, k, params,
+                                               num_samples=args.cem_samples,
+                                               elite_fraction=0.01, smoothing=0.7)
+
+        state, _ = jax.lax.scan(body, search_module.init_state(sc),
+                                jax.random.split(key, args.cem_iterations))
+        return state.best_reward
+
+    out = {}
+    for path, rewards in (("per_plan", per_plan_rewards), ("batch", team_rewards)):
+        fn = jax.jit(search)  # a fresh cache: traced below, with this path's rewards
+        search_module.team_rewards = rewards
+        try:
+            print(f"cem ({path}): compiling ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(jax.random.PRNGKey(0)))
+            out[path] = fn, time.perf_counter() - t0
+        finally:
+            search_module.team_rewards = team_rewards
+    return out
 
 
 def main(argv=None) -> list[dict]:
@@ -99,29 +113,32 @@ def main(argv=None) -> list[dict]:
     fns = {"batch": jax.jit(team_rewards), "per_plan": jax.jit(per_plan_rewards)}
     for block_groups in (None, 1):
         sc = lj.reference_scenario(block_groups=block_groups)
-        plans = sample_plans(sc, args.batch, seed=0)
-        best, compile_s = alternating(fns, (sc, plans, params), args.repeats)
-        rec = {"benchmark": "team_rewards", **_device(), "layers": sc.num_layers,
-               "batch": args.batch,
-               "plans_per_second": round(args.batch / best["batch"], 1),
-               "per_plan_plans_per_second": round(args.batch / best["per_plan"], 1),
-               "compile_seconds": round(compile_s["batch"], 3)}
-        print(json.dumps(rec), flush=True)
-        records.append(rec)
+        sampled = sample_plans(sc, args.batch, seed=0)  # one byte per row
+        for dtype in ("uint8", "int32"):  # int32: as the plan space decodes them (CEM, GRPO)
+            plans = sampled.replace(precision=jnp.asarray(sampled.precision, dtype))
+            best, compile_s = alternating(fns, (sc, plans, params), args.repeats)
+            rec = {"benchmark": "team_rewards", **_device(), "layers": sc.num_layers,
+                   "precision_dtype": dtype, "batch": args.batch,
+                   "plans_per_second": round(args.batch / best["batch"], 1),
+                   "per_plan_plans_per_second": round(args.batch / best["per_plan"], 1),
+                   "compile_seconds": round(compile_s["batch"], 3)}
+            print(json.dumps(rec), flush=True)
+            records.append(rec)
     sc = scenarios.Generator("medium")(jax.random.PRNGKey(1))
+    searches = _searches(sc, args)
+    best = {path: float("inf") for path in searches}
+    rewards = {}
+    for k in range(args.repeats):  # alternated
+        for path, (fn, _) in searches.items():
+            t0 = time.perf_counter()
+            rewards[path] = float(jax.block_until_ready(fn(jax.random.PRNGKey(k + 1))))
+            best[path] = min(best[path], time.perf_counter() - t0)
     rec = {"benchmark": "cem", **_device(), "iterations": args.cem_iterations,
-           "samples": args.cem_samples}
-    for path in ("per_plan", "batch"):  # the search's rewards by each path (retraced)
-        jax.clear_caches()
-        search_module.team_rewards = per_plan_rewards if path == "per_plan" else team_rewards
-        try:
-            seconds, compile_s, best_reward = _time_cem(sc, args)
-        finally:
-            search_module.team_rewards = team_rewards
-        key = "seconds" if path == "batch" else "per_plan_seconds"
-        rec.update({key: round(seconds, 3)})
-        if path == "batch":
-            rec.update(compile_seconds=round(compile_s, 3), best_reward=round(best_reward, 4))
+           "samples": args.cem_samples, "seconds": round(best["batch"], 3),
+           "per_plan_seconds": round(best["per_plan"], 3),
+           "compile_seconds": round(max(searches["batch"][1] - best["batch"], 0.0), 3),
+           "best_reward": round(rewards["batch"], 4),
+           "per_plan_best_reward": round(rewards["per_plan"], 4)}
     print(json.dumps(rec), flush=True)
     records.append(rec)
     save_records("search_throughput", records, args.out, args.save_results)

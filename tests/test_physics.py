@@ -234,3 +234,50 @@ def test_touched_fraction_matches_float64_including_tiny_fractions():
     want = 1.0 - (1.0 - xx.astype(np.float64)) ** ss.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
     assert got[ss == 0].max() == 0.0 and got[(xx == 1) & (ss > 0)].min() == 1.0
+
+
+@pytest.mark.parametrize("block_groups", [2, None])
+def test_evaluate_without_each_equals_evaluating_each_counterfactual(block_groups):
+    """``evaluate_without_each`` (the difference rewards' counterfactuals from the plan's own
+    metrics) equals ``evaluate_one`` of each ``null_plan``, every field: valid plans, plans
+    out of their domain, an empty tenant slot, over-committed pools."""
+    import chex
+    import jax
+    import jax.numpy as jnp
+
+    from libratio_jax.physics.kernel import evaluate_one, evaluate_sanitized, \
+        evaluate_without_each
+    from libratio_jax.physics.plan import sanitize_plan
+    from libratio_jax.rewards.difference import null_plan
+
+    sc = lj.Scenario.build(
+        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
+        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
+         lj.Tenant("Llama-3.2-1B", dict(mode="serve", batch=8, seq_len=2048)),
+         lj.Tenant("Qwen2.5-0.5B", dict(mode="serve", batch=16, seq_len=512))],
+        max_tenants=4, block_groups=block_groups)
+    plans = sample_plans(sc, 12, seed=6)
+    tp = np.asarray(plans.tp).copy()
+    tp[::3, 1] = 3  # divides no head count: out of the domain
+    gpus = np.asarray(plans.gpus).copy()
+    gpus[1::4, :3] = 8  # more GPUs than a pool has
+    plans = plans.replace(tp=jnp.asarray(tp), gpus=jnp.asarray(gpus))
+
+    @jax.jit
+    def fast(p):
+        safe, valid = sanitize_plan(sc, p)
+        return evaluate_without_each(sc, safe, valid, evaluate_sanitized(sc, safe, valid))
+
+    @jax.jit
+    def each(p):
+        return jax.vmap(lambda i: evaluate_one(*null_plan(sc, p, i)))(jnp.arange(4))
+
+    seen = {"invalid": False, "overcommitted": False}
+    for b in range(12):
+        p = jax.tree.map(lambda x, b=b: x[b], plans)
+        got, want = fast(p), each(p)
+        chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
+        seen["invalid"] |= not bool(np.all(np.asarray(want.plan_valid)))
+        seen["invalid"] |= not bool(np.all(np.asarray(got.plan_valid)))
+        seen["overcommitted"] |= bool(np.any(np.asarray(want.overcommitted)))
+    assert all(seen.values()), seen

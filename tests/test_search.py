@@ -15,7 +15,6 @@ from libratio_jax.agents import plan_space as S
 from libratio_jax.agents.policies import greedy_plan
 from libratio_jax.agents.search import cem, ranking_score
 from libratio_jax.physics import formats as F
-from libratio_jax.physics.plan import sample_plans
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.difference import team_reward_of, team_rewards
 from libratio_jax.rewards.ird import RULE_NAMES
@@ -179,26 +178,32 @@ def _full_resolution_scenario():
         max_tenants=3)
 
 
-@pytest.mark.parametrize("which", ["merged", "full", "uint8"])
-def test_team_rewards_equal_each_plan_judged_alone(which):
+@pytest.mark.parametrize("resolution", ["merged", "full"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_team_rewards_equal_each_plan_judged_alone(resolution, dtype):
     """``team_rewards`` (the batch path: class sums, the rules' plan from the metrics'
-    verdict) gives each plan what ``team_reward_of`` (its own rows) gives it: hostile plans
-    included, every rule that can fire firing on some, chunked batches on the CPU."""
-    sc = SCENARIOS[9] if which == "merged" else _full_resolution_scenario()
+    verdict) gives each plan what ``team_reward_of`` (its own rows) gives it, to float
+    rounding: hostile plans (one byte per row as ``sample_plans`` stores them, ids 12 and
+    255 among them; or float32 with NaN and fractions), every rule that can fire firing on
+    some, some plans firing none (the greedy plan), chunked batches on the CPU."""
+    sc = SCENARIOS[9] if resolution == "merged" else _full_resolution_scenario()
     plans = _hostile_plans(sc, 1100, seed=1)  # 3 chunks of merged rows, the last one short
-    if which == "uint8":  # one byte per row, as evaluate_throughput stores them
-        plans = sample_plans(sc, 600, seed=2)
+    plans = jax.tree.map(lambda x, g: x.at[:8].set(g.astype(x.dtype)), plans, greedy_plan(sc))
+    if dtype == np.uint8:
+        prec = np.asarray(plans.precision)
+        ids = np.where(np.isfinite(prec) & (prec == np.round(prec)) & (prec >= 0), prec, 255)
+        plans = plans.replace(precision=jnp.asarray(np.minimum(ids, 255).astype(np.uint8)))
+        assert (np.asarray(plans.precision) >= F.NUM_FORMATS).any()
     g, fired, u = jax.jit(team_rewards)(sc, plans, PARAMS)
     gb, fb, ub, _ = jax.jit(jax.vmap(team_reward_of, in_axes=(None, 0, None)))(sc, plans,
                                                                                  PARAMS)
     np.testing.assert_array_equal(np.asarray(fired), np.asarray(fb))
     np.testing.assert_allclose(np.asarray(g), np.asarray(gb), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(u), np.asarray(ub), rtol=1e-5, atol=1e-6)
-    if which != "uint8":
-        fired = np.asarray(fired)
-        for r in ("all_lowest_precision", "starved", "invalid_plan"):
-            assert fired[:, RULE_NAMES.index(r)].any(), r
-        assert (~fired.any(-1)).any() or which == "full"
+    fired = np.asarray(fired)
+    for r in ("all_lowest_precision", "starved", "invalid_plan"):
+        assert fired[:, RULE_NAMES.index(r)].any(), r
+    assert (~fired.any(-1)).any() and (np.asarray(g) > 0.02).any()
 
 
 def test_team_rewards_under_vmap_over_scenarios():

@@ -251,7 +251,6 @@ def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fie
     class models of :func:`_classes`, ``precision_axis`` None, each row
     counted ``row_weight[M, C, F]`` times, ``sums`` the plan-dependent sums if known)."""
     c = scenario.cluster
-    n_pools = c.gpu_count.shape[-1]
     pool_idx, pools = _tenant_pools(c, fields["pool"])
     per_tenant = jax.vmap(_tenant_metrics,
                           in_axes=(0, 0, 0, 0, 0, None, precision_axis,
@@ -261,22 +260,66 @@ def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fie
         c.inlet_celsius, precision, row_weight, sums,
         *(fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
                               "micro_batch")))
+    return _with_cluster(c, scenario.present, per_tenant, fields["gpus"], pool_idx, plan_valid)
+
+
+def _with_cluster(cluster, present, per_tenant: dict, gpus, pool_idx, plan_valid) -> Metrics:
+    """Metrics of the tenants' own metrics ``per_tenant`` (what :func:`_tenant_metrics` gives,
+    ``[M]`` each) with the cluster's: the GPUs each pool gives (``gpus[M]`` of the present
+    tenants, in their pools ``pool_idx[M]``), over-commitment and the cluster's power. The
+    only physics that couples tenants."""
+    n_pools = cluster.gpu_count.shape[-1]
     active = per_tenant["active"]
-    gpus = jnp.where(scenario.present, fields["gpus"], 0)
+    gpus = jnp.where(present, gpus, 0)
     onehot = pool_idx[:, None] == jnp.arange(n_pools)[None, :]
     used = jnp.sum(jnp.where(onehot, gpus[:, None], 0), axis=0)
-    overcommitted = jnp.any(used > jnp.where(c.valid, c.gpu_count, 0))
-    idle_gpus = jnp.maximum(jnp.where(c.valid, c.gpu_count, 0) - used, 0)
+    overcommitted = jnp.any(used > jnp.where(cluster.valid, cluster.gpu_count, 0))
+    idle_gpus = jnp.maximum(jnp.where(cluster.valid, cluster.gpu_count, 0) - used, 0)
     cluster_power = (jnp.sum(jnp.where(active, per_tenant["power_watts"] * gpus, 0.0))
-                     + jnp.sum(idle_gpus * c.idle_watts))
+                     + jnp.sum(idle_gpus * cluster.idle_watts))
     return Metrics(
         **per_tenant,
         gpus_used=used,
         overcommitted=overcommitted,
         cluster_power_watts=cluster_power,
-        power_over_cap=cluster_power > c.power_cap_watts,
+        power_over_cap=cluster_power > cluster.power_cap_watts,
         plan_valid=plan_valid,
     )
+
+
+# Metrics' fields that are the cluster's (the others are per tenant, leading axis M).
+_CLUSTER_FIELDS = ("gpus_used", "overcommitted", "cluster_power_watts", "power_over_cap",
+                   "plan_valid")
+
+
+def evaluate_without_each(scenario: Scenario, plan: Plan, plan_valid, metrics: Metrics):
+    """``Metrics`` with a leading axis ``[M]``: entry ``i`` is what :func:`evaluate_sanitized`
+    gives the plan with tenant ``i`` removed (absent, holding the idle plan: the
+    counterfactual of a difference reward, ``rewards.difference.null_plan``), from the
+    plan's own ``metrics`` (``plan`` through ``sanitize_plan``, ``plan_valid`` its verdict).
+    A tenant's own metrics depend on it alone, so only the removed tenant's (those of an
+    absent tenant) and the cluster's (pools, power) change: no physics is evaluated again.
+    Equal to evaluating each counterfactual (``tests/test_physics.py``)."""
+    m = scenario.num_tenants
+    absent = evaluate_sanitized(scenario.replace(present=jnp.zeros_like(scenario.present)),
+                                Plan.idle(m, scenario.num_layers), jnp.ones((m,), jnp.bool_))
+    pool_idx = jnp.clip(plan.pool, 0, scenario.cluster.gpu_count.shape[-1] - 1)
+
+    def without(i):
+        keep = jnp.arange(m) != i
+
+        def pick(own, gone):
+            if own is None:  # (a field left out, e.g. layer_stability)
+                return None
+            return jnp.where(keep.reshape((m,) + (1,) * (own.ndim - 1)), own, gone)
+
+        per_tenant = {f.name: pick(getattr(metrics, f.name), getattr(absent, f.name))
+                      for f in dataclasses.fields(Metrics) if f.name not in _CLUSTER_FIELDS}
+        return _with_cluster(scenario.cluster, scenario.present & keep, per_tenant,
+                             jnp.where(keep, plan.gpus, 0), pool_idx,  # (no GPUs: any pool)
+                             jnp.where(keep, plan_valid, True))
+
+    return jax.vmap(without)(jnp.arange(m))
 
 
 def evaluate_counted(scenario: Scenario, plan: Plan, counts, *,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from libratio_jax.physics.kernel import evaluate_batch, evaluate_sanitized
+from libratio_jax.physics.kernel import evaluate_batch, evaluate_sanitized, evaluate_without_each
 from libratio_jax.physics.plan import Plan, safe_plan, sanitize_plan
 from libratio_jax.rewards import compose, ird
 
@@ -79,14 +79,28 @@ def team_rewards(scenario, plans, params):
     return jax.vmap(one)(metrics, plans)
 
 
-def difference_rewards(scenario, plan, params, team=None):
-    """``[M]`` difference rewards (``team``: ``G(z)`` if already computed)."""
+def difference_rewards(scenario, plan, params, team=None, judged=None):
+    """``[M]`` difference rewards (``team``: ``G(z)`` if already computed; ``judged``:
+    ``(metrics, sanitized plan)`` of the plan as :func:`judge_plan` gives them, if already
+    computed).
+
+    The counterfactuals are not evaluated again: a tenant's own metrics depend on it alone,
+    so each ``G(z_-i)`` comes from the plan's metrics with tenant ``i``'s replaced by an
+    absent tenant's and the cluster's recomputed
+    (:func:`~libratio_jax.physics.kernel.evaluate_without_each`); equal to judging
+    :func:`null_plan` of each agent (``tests/test_env.py``)."""
+    if judged is None:
+        safe, valid = sanitize_plan(scenario, plan)
+        metrics = evaluate_sanitized(scenario, safe, valid)
+    else:
+        metrics, safe = judged
     if team is None:
-        team = team_reward_of(scenario, plan, params)[0]
+        team = team_reward_from_metrics(metrics, scenario, safe, params)[0]
+    without = evaluate_without_each(scenario, safe, metrics.plan_valid, metrics)
 
-    def without(i):
-        sc, pl = null_plan(scenario, plan, i)
-        return team_reward_of(sc, pl, params, team_present=scenario.present)[0]
+    def g_minus(i, m):
+        sc, pl = null_plan(scenario, safe, i)
+        return team_reward_from_metrics(m, sc, pl, params, team_present=scenario.present)[0]
 
-    g_minus = jax.vmap(without)(jnp.arange(scenario.present.shape[-1]))
-    return jnp.where(scenario.present, team - g_minus, 0.0)
+    g = jax.vmap(g_minus)(jnp.arange(scenario.present.shape[-1]), without)
+    return jnp.where(scenario.present, team - g, 0.0)

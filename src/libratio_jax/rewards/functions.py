@@ -55,12 +55,12 @@ def team() -> RewardFn:
 
 
 def difference() -> RewardFn:
-    """Agent ``i`` gets its difference reward ``D_i = G(z) - G(z_-i)`` (``M`` more physics
-    evaluations per step, batched)."""
+    """Agent ``i`` gets its difference reward ``D_i = G(z) - G(z_-i)`` (each counterfactual
+    from the plan's own metrics: ``difference.difference_rewards``)."""
 
     def reward_fn(scenario, plan, params: RewardParams) -> Rewards:
         g, fired, utility, metrics, safe = D.judge_plan(scenario, plan, params)
-        d = D.difference_rewards(scenario, plan, params, team=g)
+        d = D.difference_rewards(scenario, plan, params, team=g, judged=(metrics, safe))
         return Rewards(d.astype(jnp.float32), g, fired, utility, metrics, safe)
 
     return reward_fn

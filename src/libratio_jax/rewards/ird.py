@@ -38,16 +38,24 @@ LOWEST_PRECISION_MASK = sum(1 << f for f in range(F.NUM_FORMATS)
                             if F.STORAGE_BITS[f] <= LOWEST_PRECISION_BITS)
 
 
+def all_lowest_precision(precision, valid):
+    """``bool[...]``: whether every real row (``valid[..., L]``) of sanitized row formats
+    ``precision[..., L]`` (integer ids in ``[0, NUM_FORMATS)``, as ``physics.plan.sanitize_plan``
+    gives them) is in a format of at most ``LOWEST_PRECISION_BITS`` (True for no real row).
+    A shift of ``LOWEST_PRECISION_MASK`` and a byte maximum per tenant (raw ids out of range
+    would wrap in the 16-bit shift: sanitize them first)."""
+    higher = (jnp.right_shift(jnp.uint16(LOWEST_PRECISION_MASK),
+                              precision.astype(jnp.uint16)) & 1) ^ 1  # 1: a wider format
+    return jnp.max(jnp.where(valid, higher, 0).astype(jnp.uint8), axis=-1,
+                   initial=0) == 0
+
+
 def rules(metrics, scenario, plan):
     """``[NUM_RULES]`` bools: which rules fire for this plan (``plan``: the sanitized plan the
     metrics were computed on; ``metrics.plan_valid`` says which tenants' plans were not)."""
     present = scenario.present
     valid = scenario.models.valid
-    # 1 where a real row is not 4-bit (the sanitized plan's format ids are in range); a max
-    # of bytes, which XLA's CPU code reduces fastest
-    higher = (jnp.right_shift(jnp.uint16(LOWEST_PRECISION_MASK),
-                              plan.precision.astype(jnp.uint16)) & 1) ^ 1
-    all_low = jnp.max(jnp.where(valid, higher, 0).astype(jnp.uint8), axis=-1) == 0
+    all_low = all_lowest_precision(plan.precision, valid)
     has_work = scenario.workloads.batch > 0
     return jnp.stack([
         jnp.any(present & all_low),

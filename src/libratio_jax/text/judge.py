@@ -29,7 +29,7 @@ from libratio_jax.physics.packing import pack, unpack
 from libratio_jax.physics.plan import INT_FIELDS, Plan, breaks_rules, plan_at
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
-from libratio_jax.rewards.difference import difference_rewards, team_reward_of
+from libratio_jax.rewards.difference import difference_rewards, judge_plan
 from libratio_jax.rewards.ird import RULE_NAMES
 from libratio_jax.scenarios import ScenarioRecipe
 from libratio_jax.text import codec as T
@@ -56,9 +56,9 @@ def _judge(layout, bank, scenario_index, precision, ints, params, with_differenc
 
     def one(k, plan):
         sc = unpack(layout, [a[k] for a in bank])
-        g, fired, _, _ = team_reward_of(sc, plan, params)
-        d = (difference_rewards(sc, plan, params, team=g) if with_difference
-             else jnp.zeros(sc.present.shape, jnp.float32))
+        g, fired, _, metrics, safe = judge_plan(sc, plan, params)
+        d = (difference_rewards(sc, plan, params, team=g, judged=(metrics, safe))
+             if with_difference else jnp.zeros(sc.present.shape, jnp.float32))
         return g, fired, d, breaks_rules(sc, plan)
 
     return jax.vmap(one)(scenario_index, plans)

@@ -70,7 +70,7 @@ from libratio_jax.physics import formats as F
 from libratio_jax.physics.kernel import evaluate_sanitized
 from libratio_jax.physics.plan import Plan, sanitize_plan
 from libratio_jax.physics.scenario import Scenario
-from libratio_jax.rewards.ird import INVALID_PLAN_REWARD, LOWEST_PRECISION_BITS
+from libratio_jax.rewards.ird import INVALID_PLAN_REWARD, all_lowest_precision
 
 __all__ = ["PHASES", "VIEW_AFTER", "VIEW_BEFORE", "FleetRecoveryEnv", "RecoveryAction",
            "RecoveryParams", "RecoveryState", "make_recovery_params"]
@@ -200,9 +200,7 @@ class FleetRecoveryEnv(IncidentEnv):
             plan, state.plan)
         safe, valid = sanitize_plan(sc, joint)
         metrics = evaluate_sanitized(sc, safe, valid)
-        bits = jnp.asarray(F.STORAGE_BITS, jnp.float32)[safe.precision[target]]
-        all_low = jnp.all(jnp.where(sc.models.valid[target], bits <= LOWEST_PRECISION_BITS,
-                                    True))
+        all_low = all_lowest_precision(safe.precision[target], sc.models.valid[target])
         pool = safe.pool[target]
         over = metrics.gpus_used[pool] > sc.cluster.gpu_count[pool]
         invalid = ~valid[target]
