@@ -35,15 +35,9 @@ from common import add_output_args, save_records  # noqa: E402
 import libratio_jax as lj  # noqa: E402
 from libratio_jax import scenarios  # noqa: E402
 from libratio_jax.agents import search as search_module  # noqa: E402
-from libratio_jax.physics.kernel import map_plans  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
-from libratio_jax.rewards.difference import judge_plan, team_rewards  # noqa: E402
-
-
-def per_plan_rewards(scenario, plans, params):
-    """Each plan judged on its own rows (``team_rewards`` before the twenty-eighth round)."""
-    return map_plans(lambda p: judge_plan(scenario, p, params)[:3], plans)
+from libratio_jax.rewards.difference import team_rewards, team_rewards_per_plan  # noqa: E402
 
 
 def _device() -> dict:
@@ -69,10 +63,10 @@ def alternating(fns: dict, args, repeats: int) -> tuple[dict, dict]:
     return best, {k: max(first[k] - best[k], 0.0) for k in fns}
 
 
-def _searches(sc, args) -> dict:
-    """``{path: jitted search(key) -> best reward}``: ``agents.search.cem``'s scan of
-    ``cem_iteration``, traced once with each path's rewards (``cem_iteration`` reads the
-    module's ``team_rewards`` when it is traced)."""
+def _search_fn(sc, args):
+    """A new jitted function ``key -> best reward``: ``agents.search.cem``'s scan of
+    ``cem_iteration``, with its own trace cache (``cem_iteration`` reads the module's
+    ``team_rewards`` when it is traced)."""
     params = RewardParams.make()
 
     def search(key):
@@ -85,9 +79,15 @@ def _searches(sc, args) -> dict:
                                 jax.random.split(key, args.cem_iterations))
         return state.best_reward
 
+    return jax.jit(search)
+
+
+def _searches(sc, args) -> dict:
+    """``{path: (jitted search, first call's seconds)}``, each traced with its path's
+    rewards."""
     out = {}
-    for path, rewards in (("per_plan", per_plan_rewards), ("batch", team_rewards)):
-        fn = jax.jit(search)  # a fresh cache: traced below, with this path's rewards
+    for path, rewards in (("per_plan", team_rewards_per_plan), ("batch", team_rewards)):
+        fn = _search_fn(sc, args)
         search_module.team_rewards = rewards
         try:
             print(f"cem ({path}): compiling ...", file=sys.stderr, flush=True)
@@ -110,7 +110,7 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     params = RewardParams.make()
     records = []
-    fns = {"batch": jax.jit(team_rewards), "per_plan": jax.jit(per_plan_rewards)}
+    fns = {"batch": jax.jit(team_rewards), "per_plan": jax.jit(team_rewards_per_plan)}
     for block_groups in (None, 1):
         sc = lj.reference_scenario(block_groups=block_groups)
         sampled = sample_plans(sc, args.batch, seed=0)  # one byte per row

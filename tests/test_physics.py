@@ -245,8 +245,7 @@ def test_evaluate_without_each_equals_evaluating_each_counterfactual(block_group
     import jax
     import jax.numpy as jnp
 
-    from libratio_jax.physics.kernel import evaluate_one, evaluate_sanitized, \
-        evaluate_without_each
+    from libratio_jax.physics.kernel import evaluate_one, evaluate_sanitized, evaluate_without_each
     from libratio_jax.physics.plan import sanitize_plan
     from libratio_jax.rewards.difference import null_plan
 
