@@ -178,8 +178,8 @@ def _full_resolution_scenario():
         max_tenants=3)
 
 
-@pytest.mark.parametrize("resolution", ["merged", "full"])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+@pytest.mark.parametrize("resolution,dtype", [("merged", np.float32), ("merged", np.uint8),
+                                              ("full", np.uint8)])
 def test_team_rewards_equal_each_plan_judged_alone(resolution, dtype):
     """``team_rewards`` (the batch path: class sums, the rules' plan from the metrics'
     verdict) gives each plan what ``team_reward_of`` (its own rows) gives it, to float
