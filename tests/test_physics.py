@@ -265,7 +265,7 @@ def test_evaluate_without_each_equals_evaluating_each_counterfactual():
     @jax.jit
     def fast(p):
         safe, valid = sanitize_plan(sc, p)
-        return evaluate_without_each(sc, safe, valid, evaluate_sanitized(sc, safe, valid))
+        return evaluate_without_each(sc, safe, evaluate_sanitized(sc, safe, valid))
 
     @jax.jit
     def each(p):

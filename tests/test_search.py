@@ -155,8 +155,9 @@ def _hostile_plans(sc, n, seed):
     """Random plans with tenants in every 4-bit format (``all_lowest_precision``), without
     GPUs (``starved``), and out of their domain (format ids out of range, fractional or NaN,
     a ``tp`` that divides nothing): float32 arrays, as a policy's raw output could be."""
-    plans = decode_batch(sc, sample_batch(jax.random.PRNGKey(seed), S.uniform_logits(sc),
-                                          (n,)))
+    # (always 1,100 drawn, then cut: one compiled draw for every test)
+    plans = jax.tree.map(lambda x: x[:n], decode_batch(sc, sample_batch(
+        jax.random.PRNGKey(seed), S.uniform_logits(sc), (1100,))))
     rng = np.random.default_rng(seed)
     prec = np.asarray(plans.precision).astype(np.float32)
     low = [f for f in range(F.NUM_FORMATS) if F.STORAGE_BITS[f] <= 4.5]
@@ -168,6 +169,9 @@ def _hostile_plans(sc, n, seed):
     tp = np.where(rng.random(prec.shape[:2]) < 0.05, 3, np.asarray(plans.tp))
     return plans.replace(precision=jnp.asarray(prec), gpus=jnp.asarray(gpus, jnp.float32),
                          tp=jnp.asarray(tp, jnp.float32))
+
+
+_greedy = jax.jit(greedy_plan)
 
 
 def _full_resolution_scenario():
@@ -188,7 +192,7 @@ def test_team_rewards_equal_each_plan_judged_alone(resolution, dtype):
     some, some plans firing none (the greedy plan), chunked batches on the CPU."""
     sc = SCENARIOS[9] if resolution == "merged" else _full_resolution_scenario()
     plans = _hostile_plans(sc, 1100, seed=1)  # 3 chunks of merged rows, the last one short
-    plans = jax.tree.map(lambda x, g: x.at[:8].set(g.astype(x.dtype)), plans, greedy_plan(sc))
+    plans = jax.tree.map(lambda x, g: x.at[:8].set(g.astype(x.dtype)), plans, _greedy(sc))
     if dtype == np.uint8:
         prec = np.asarray(plans.precision)
         ids = np.where(np.isfinite(prec) & (prec == np.round(prec)) & (prec >= 0), prec, 255)
@@ -271,3 +275,36 @@ def test_cem_rejects_bad_settings():
         cem(SCENARIOS[0], jax.random.PRNGKey(0), iterations=0)
     with pytest.raises(ValueError, match="elite_fraction"):
         cem(SCENARIOS[0], jax.random.PRNGKey(0), elite_fraction=0.0)
+
+
+def test_difference_rewards_equal_the_null_plans_judged():
+    """``difference_rewards`` (the counterfactuals from the plan's own metrics) equals its
+    definition, ``G(z) - G(z_-i)`` with ``G(z_-i)`` the team reward of ``null_plan`` of the
+    raw plan judged on its own: hostile plans (invalid tenants scoring 0, floored plans, an
+    empty slot), with ``team`` and ``judged`` given or not. (Under ``vmap`` over scenarios:
+    the reward engine's difference credit, tests/test_hf.py.)"""
+    from libratio_jax.rewards.difference import difference_rewards, judge_plan, null_plan
+
+    sc = SCENARIOS[7]  # empty tenant slots
+    plans = jax.tree.map(lambda x, g: x.at[:4].set(g.astype(x.dtype)),  # 4 greedy plans
+                         _hostile_plans(sc, 32, seed=3), _greedy(sc))
+
+    def fast(plan):
+        g, _, _, metrics, safe = judge_plan(sc, plan, PARAMS)
+        return (difference_rewards(sc, plan, PARAMS),
+                difference_rewards(sc, plan, PARAMS, team=g, judged=(metrics, safe)))
+
+    def by_definition(plan):
+        g = team_reward_of(sc, plan, PARAMS)[0]
+        m = sc.present.shape[-1]
+        g_minus = jax.vmap(lambda i: team_reward_of(*null_plan(sc, plan, i), PARAMS,
+                                                    team_present=sc.present)[0])(jnp.arange(m))
+        return jnp.where(sc.present, g - g_minus, 0.0), g
+
+    plain, given = jax.jit(jax.vmap(fast))(plans)
+    want, g = jax.jit(jax.vmap(by_definition))(plans)
+    np.testing.assert_allclose(np.asarray(plain), np.asarray(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(given), np.asarray(want), rtol=1e-5, atol=1e-6)
+    g = np.asarray(g)
+    assert (g == 0.0).any() and np.isclose(g, 0.01).any() and (g > 0.02).any()
+    assert (np.asarray(want) != 0).any()

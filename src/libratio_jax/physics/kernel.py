@@ -287,19 +287,23 @@ def _with_cluster(cluster, present, per_tenant: dict, gpus, pool_idx, plan_valid
     )
 
 
-# Metrics' fields that are the cluster's (the others are per tenant, leading axis M).
-_CLUSTER_FIELDS = ("gpus_used", "overcommitted", "cluster_power_watts", "power_over_cap",
-                   "plan_valid")
+# The Metrics fields _with_cluster sets (the others are _tenant_metrics', leading axis M).
+_WITH_CLUSTER_FIELDS = ("gpus_used", "overcommitted", "cluster_power_watts", "power_over_cap",
+                        "plan_valid")
 
 
-def evaluate_without_each(scenario: Scenario, plan: Plan, plan_valid, metrics: Metrics):
+def evaluate_without_each(scenario: Scenario, plan: Plan, metrics: Metrics) -> Metrics:
     """``Metrics`` with a leading axis ``[M]``: entry ``i`` is what :func:`evaluate_sanitized`
     gives the plan with tenant ``i`` removed (absent, holding the idle plan: the
     counterfactual of a difference reward, ``rewards.difference.null_plan``), from the
-    plan's own ``metrics`` (``plan`` through ``sanitize_plan``, ``plan_valid`` its verdict).
-    A tenant's own metrics depend on it alone, so only the removed tenant's (those of an
-    absent tenant) and the cluster's (pools, power) change: no physics is evaluated again.
-    Equal to evaluating each counterfactual (``tests/test_physics.py``)."""
+    plan's own ``metrics``. One plan (no batch axis; vmap this for several) through
+    ``sanitize_plan``: its safe plan, its metrics. A tenant's own metrics depend on it alone,
+    so only the removed tenant's (those of an absent tenant, constants XLA folds) and the
+    cluster's (pools, power) change: no physics is evaluated again. Equal to evaluating
+    each counterfactual (``tests/test_physics.py``)."""
+    if metrics.active.ndim != 1:
+        raise ValueError("evaluate_without_each takes one plan's metrics ([M] per tenant), "
+                         f"got active of shape {metrics.active.shape}: vmap it over a batch")
     m = scenario.num_tenants
     absent = evaluate_sanitized(scenario.replace(present=jnp.zeros_like(scenario.present)),
                                 Plan.idle(m, scenario.num_layers), jnp.ones((m,), jnp.bool_))
@@ -314,10 +318,11 @@ def evaluate_without_each(scenario: Scenario, plan: Plan, plan_valid, metrics: M
             return jnp.where(keep.reshape((m,) + (1,) * (own.ndim - 1)), own, gone)
 
         per_tenant = {f.name: pick(getattr(metrics, f.name), getattr(absent, f.name))
-                      for f in dataclasses.fields(Metrics) if f.name not in _CLUSTER_FIELDS}
+                      for f in dataclasses.fields(Metrics)
+                      if f.name not in _WITH_CLUSTER_FIELDS}
         return _with_cluster(scenario.cluster, scenario.present & keep, per_tenant,
                              jnp.where(keep, plan.gpus, 0), pool_idx,  # (no GPUs: any pool)
-                             jnp.where(keep, plan_valid, True))
+                             jnp.where(keep, metrics.plan_valid, True))
 
     return jax.vmap(without)(jnp.arange(m))
 

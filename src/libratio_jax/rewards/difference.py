@@ -108,7 +108,7 @@ def difference_rewards(scenario, plan, params, team=None, judged=None):
     so each ``G(z_-i)`` comes from the plan's metrics with tenant ``i``'s replaced by an
     absent tenant's and the cluster's recomputed
     (:func:`~libratio_jax.physics.kernel.evaluate_without_each`); equal to judging
-    :func:`null_plan` of each agent (``tests/test_env.py``)."""
+    :func:`null_plan` of each agent (``tests/test_search.py``)."""
     if judged is None:
         safe, valid = sanitize_plan(scenario, plan)
         metrics = evaluate_sanitized(scenario, safe, valid)
@@ -116,7 +116,7 @@ def difference_rewards(scenario, plan, params, team=None, judged=None):
         metrics, safe = judged
     if team is None:
         team = team_reward_from_metrics(metrics, scenario, safe, params)[0]
-    without = evaluate_without_each(scenario, safe, metrics.plan_valid, metrics)
+    without = evaluate_without_each(scenario, safe, metrics)
 
     def g_minus(i, m):
         sc, pl = null_plan(scenario, safe, i)
