@@ -273,6 +273,14 @@ def test_integers_beyond_the_domain_are_refused_not_wrapped(value):
         assert not lj.evaluate(sc, one, validate=False).plan_valid[i]
 
 
+def _two_tenants_and_a_free_slot(block_groups):
+    return lj.Scenario.build(
+        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
+        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
+         lj.Tenant("Mixtral-8x7B", dict(mode="serve", batch=8, seq_len=2048))],
+        max_tenants=3, block_groups=block_groups)
+
+
 def test_gate_fields_equals_sanitizing_with_the_formats_verdict():
     """A batch sanitizes its integer fields first and applies the formats' verdict after
     (``gate_fields``, ``evaluate_batch``): the same fields and verdict as ``sanitize_fields``
@@ -282,11 +290,7 @@ def test_gate_fields_equals_sanitizing_with_the_formats_verdict():
 
     from libratio_jax.physics.plan import gate_fields, sanitize_fields
 
-    sc = lj.Scenario.build(
-        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
-        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
-         lj.Tenant("Mixtral-8x7B", dict(mode="serve", batch=8, seq_len=2048))],
-        max_tenants=3, block_groups=1)
+    sc = _two_tenants_and_a_free_slot(block_groups=1)
     n = 256
     plans = sample_plans(sc, n, seed=3)
     rng = np.random.default_rng(3)
@@ -313,11 +317,7 @@ def test_safe_plan_from_the_verdict_equals_sanitize_plan():
 
     from libratio_jax.physics.plan import safe_plan, sanitize_plan
 
-    sc = lj.Scenario.build(
-        lj.ClusterSpec.mixed({"A100-80GB": 8, "L40S": 4}),
-        [lj.Tenant("Qwen2.5-0.5B", dict(mode="train", batch=64, seq_len=1024)),
-         lj.Tenant("Mixtral-8x7B", dict(mode="serve", batch=8, seq_len=2048))],
-        max_tenants=3, block_groups=2)
+    sc = _two_tenants_and_a_free_slot(block_groups=2)
     n = 128
     plans = sample_plans(sc, n, seed=4)
     rng = np.random.default_rng(4)

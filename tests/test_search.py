@@ -182,14 +182,16 @@ def _full_resolution_scenario():
         max_tenants=3)
 
 
-@pytest.mark.parametrize("resolution,dtype", [("merged", np.float32), ("merged", np.uint8),
-                                              ("full", np.uint8)])
-def test_team_rewards_equal_each_plan_judged_alone(resolution, dtype):
+@pytest.mark.parametrize("resolution", ["merged", "full"])
+def test_team_rewards_equal_each_plan_judged_alone(resolution):
     """``team_rewards`` (the batch path: class sums, the rules' plan from the metrics'
     verdict) gives each plan what ``team_reward_of`` (its own rows) gives it, to float
     rounding: hostile plans (one byte per row as ``sample_plans`` stores them, ids 12 and
-    255 among them; or float32 with NaN and fractions), every rule that can fire firing on
-    some, some plans firing none (the greedy plan), chunked batches on the CPU."""
+    255 among them), every rule that can fire firing on some, some plans firing none (the
+    greedy plan), chunked batches on the CPU. (Float ids, NaN and fractions: as the batch
+    reads them, ``format_ids`` in tests/test_kernel.py's count test; ``safe_plan`` in
+    tests/test_plan.py.)"""
+    dtype = np.uint8
     sc = SCENARIOS[9] if resolution == "merged" else _full_resolution_scenario()
     plans = _hostile_plans(sc, 1100, seed=1)  # 3 chunks of merged rows, the last one short
     plans = jax.tree.map(lambda x, g: x.at[:8].set(g.astype(x.dtype)), plans, _greedy(sc))

@@ -81,13 +81,13 @@ def team_rewards(scenario, plans, params):
     without ``layer_stability``: at full resolution, and with merged rows on the CPU, sums
     per row class), the sanitized plan the rules read from the plans' integer
     fields and the metrics' verdict (``plan_valid``, :func:`~libratio_jax.physics.plan.safe_plan`).
-    Judging each plan on its own rows instead (a ``vmap`` of :func:`judge_plan`, as before
-    the twenty-eighth round), 16,384 random plans on the 2-core CPU: full resolution 90 k
-    against 859 k plans/s here, merged rows 601 k against 1.9 M
-    (``benchmarks/search_throughput.py``). A batch of fewer than ``SMALL_BATCH`` plans is
-    judged plan by plan: there the batch path's fixed costs outweigh its gain (32 scenarios
-    of 32 plans under ``vmap``, as ``experiments/jax_grpo.py`` judges them: 7.3 against
-    6.5 ms a step; 32 plans alone about equal; from 128 plans on the batch path is faster)."""
+    Against judging each plan on its own rows (:func:`team_rewards_per_plan`, as before the
+    twenty-eighth round), 16,384 random plans on the 2-core CPU: ~7-10x faster at full
+    resolution, ~3x with merged rows (``benchmarks/search_throughput.py``). A batch of fewer
+    than ``SMALL_BATCH`` plans is judged plan by plan: there the batch path's fixed costs
+    outweigh its gain (32 scenarios of 32 plans under ``vmap``, as ``experiments/jax_grpo.py``
+    judges them: 7.3 against 6.5 ms a step; 32 plans alone about equal; from 128 plans on
+    the batch path is faster)."""
     if plans.precision.shape[0] < SMALL_BATCH:  # (a GRPO group, under vmap over scenarios)
         return team_rewards_per_plan(scenario, plans, params)
     metrics = evaluate_batch(scenario, plans, layer_stability=False)
