@@ -9,8 +9,8 @@ Rewards: the reference scenario at full resolution (399 rows per model) and with
 byte per row (as ``sample_plans`` stores them) and as int32 (as the plan space decodes them for
 CEM and GRPO); the two paths are timed in one process, alternating call by call (this
 machine's speed drifts within minutes), fastest call of each. CEM: 12 iterations of
-``--cem-samples`` plans on a medium generated scenario (``agents.search.cem``'s search, traced
-once with each path's rewards), the two alternated, fastest search of each. Prints one JSON
+``--cem-samples`` plans on a medium generated scenario (``agents.search.cem`` with each path
+as its ``rewards_fn``), the two alternated, fastest search of each. Prints one JSON
 line per measurement: benchmark, device_kind, platform, then ``team_rewards`` (layers,
 precision_dtype, batch, plans_per_second, per_plan_plans_per_second, compile_seconds) or
 ``cem`` (iterations, samples, seconds, per_plan_seconds, compile_seconds, best_reward,
@@ -34,7 +34,7 @@ from common import add_output_args, save_records  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax import scenarios  # noqa: E402
-from libratio_jax.agents import search as search_module  # noqa: E402
+from libratio_jax.agents.search import cem  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import team_rewards, team_rewards_per_plan  # noqa: E402
@@ -63,39 +63,19 @@ def alternating(fns: dict, args, repeats: int) -> tuple[dict, dict]:
     return best, {k: max(first[k] - best[k], 0.0) for k in fns}
 
 
-def _search_fn(sc, args):
-    """A new jitted function ``key -> best reward``: ``agents.search.cem``'s scan of
-    ``cem_iteration``, with its own trace cache (``cem_iteration`` reads the module's
-    ``team_rewards`` when it is traced)."""
-    params = RewardParams.make()
-
-    def search(key):
-        def body(state, k):
-            return search_module.cem_iteration(sc, state, k, params,
-                                               num_samples=args.cem_samples,
-                                               elite_fraction=0.01, smoothing=0.7)
-
-        state, _ = jax.lax.scan(body, search_module.init_state(sc),
-                                jax.random.split(key, args.cem_iterations))
-        return state.best_reward
-
-    return jax.jit(search)
-
-
 def _searches(sc, args) -> dict:
-    """``{path: (jitted search, first call's seconds)}``, each traced with its path's
-    rewards."""
+    """``{path: (search(key) -> best reward, first call's seconds)}``: ``agents.search.cem``
+    with each path's rewards (one compiled search per rewards function)."""
     out = {}
-    for path, rewards in (("per_plan", team_rewards_per_plan), ("batch", team_rewards)):
-        fn = _search_fn(sc, args)
-        search_module.team_rewards = rewards
-        try:
-            print(f"cem ({path}): compiling ...", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(jax.random.PRNGKey(0)))
-            out[path] = fn, time.perf_counter() - t0
-        finally:
-            search_module.team_rewards = team_rewards
+    for path, rewards_fn in (("per_plan", team_rewards_per_plan), ("batch", team_rewards)):
+        def search(key, rewards_fn=rewards_fn):
+            return cem(sc, key, iterations=args.cem_iterations, num_samples=args.cem_samples,
+                       rewards_fn=rewards_fn).best_reward
+
+        print(f"cem ({path}): compiling ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        jax.block_until_ready(search(jax.random.PRNGKey(0)))
+        out[path] = search, time.perf_counter() - t0
     return out
 
 

@@ -64,12 +64,14 @@ def init_state(scenario) -> CemState:
 
 
 def cem_iteration(scenario, state: CemState, key, params: RewardParams, *, num_samples: int,
-                  elite_fraction: float, smoothing: float):
-    """One CEM update (pure; ``num_samples`` and the fractions are static)."""
+                  elite_fraction: float, smoothing: float, rewards_fn=team_rewards):
+    """One CEM update (pure; ``num_samples``, the fractions and ``rewards_fn`` are static).
+    ``rewards_fn(scenario, plans, params) -> (G [B], rules fired [B, R], utilities [B, M])``
+    judges the samples (default :func:`~libratio_jax.rewards.difference.team_rewards`)."""
     logits = jax.tree.map(lambda p: jnp.where(p > 0, jnp.log(p), -jnp.inf), state.probs)
     choices = S.sample(key, logits, (num_samples,))
     plans = jax.vmap(S.decode, in_axes=(None, 0))(scenario, choices)
-    reward, fired, utility = team_rewards(scenario, plans, params)
+    reward, fired, utility = rewards_fn(scenario, plans, params)
     n_elite = max(1, int(round(num_samples * elite_fraction)))
     _, idx = jax.lax.top_k(ranking_score(scenario, reward, fired, utility), n_elite)
     elite_reward = reward[idx]
@@ -101,11 +103,13 @@ def ranking_score(scenario, reward, fired, utility):
 
 
 @functools.partial(jax.jit, static_argnames=("iterations", "num_samples", "elite_fraction",
-                                             "smoothing"))
-def _run(scenario, key, params, *, iterations, num_samples, elite_fraction, smoothing):
+                                             "smoothing", "rewards_fn"))
+def _run(scenario, key, params, *, iterations, num_samples, elite_fraction, smoothing,
+         rewards_fn):
     def body(state, k):
         return cem_iteration(scenario, state, k, params, num_samples=num_samples,
-                             elite_fraction=elite_fraction, smoothing=smoothing)
+                             elite_fraction=elite_fraction, smoothing=smoothing,
+                             rewards_fn=rewards_fn)
 
     state, hist = jax.lax.scan(body, init_state(scenario), jax.random.split(key, iterations))
     return state, hist
@@ -113,7 +117,7 @@ def _run(scenario, key, params, *, iterations, num_samples, elite_fraction, smoo
 
 def cem(scenario, key, *, iterations: int = 10, num_samples: int = 100_000,
         elite_fraction: float = 0.01, smoothing: float = 0.7,
-        params: RewardParams | None = None) -> CemResult:
+        params: RewardParams | None = None, rewards_fn=team_rewards) -> CemResult:
     """Cross-entropy search for the plan with the highest team reward on ``scenario``.
 
     Args:
@@ -124,6 +128,8 @@ def cem(scenario, key, *, iterations: int = 10, num_samples: int = 100_000,
         elite_fraction: share of the samples the distribution moves toward.
         smoothing: weight of the elite frequencies in the update (1 = plain CEM).
         params: reward weights and IRD floor (default ``RewardParams.make()``).
+        rewards_fn: judges a batch of samples, as :func:`cem_iteration` (default
+            ``team_rewards``; one compiled search per function).
     """
     if iterations < 1 or num_samples < 1:
         raise ValueError("iterations and num_samples must be >= 1")
@@ -131,7 +137,7 @@ def cem(scenario, key, *, iterations: int = 10, num_samples: int = 100_000,
         raise ValueError("elite_fraction and smoothing must lie in (0, 1]")
     params = RewardParams.make() if params is None else params
     state, hist = _run(scenario, key, params, iterations=iterations, num_samples=num_samples,
-                       elite_fraction=elite_fraction, smoothing=smoothing)
+                       elite_fraction=elite_fraction, smoothing=smoothing, rewards_fn=rewards_fn)
     hist = dict(hist)
     hist["evaluated_plans"] = num_samples * jnp.arange(1, iterations + 1)
     return CemResult(S.decode(scenario, state.best_choice), state.best_reward, state, hist)

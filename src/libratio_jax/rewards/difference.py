@@ -110,12 +110,12 @@ def difference_rewards(scenario, plan, params, team=None, judged=None):
     (:func:`~libratio_jax.physics.kernel.evaluate_without_each`); equal to judging
     :func:`null_plan` of each agent (``tests/test_search.py``)."""
     if judged is None:
-        safe, valid = sanitize_plan(scenario, plan)
-        metrics = evaluate_sanitized(scenario, safe, valid)
+        g, _, _, metrics, safe = judge_plan(scenario, plan, params)
+        team = g if team is None else team
     else:
         metrics, safe = judged
-    if team is None:
-        team = team_reward_from_metrics(metrics, scenario, safe, params)[0]
+        if team is None:
+            team = team_reward_from_metrics(metrics, scenario, safe, params)[0]
     without = evaluate_without_each(scenario, safe, metrics)
 
     def g_minus(i, m):
