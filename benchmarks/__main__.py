@@ -7,7 +7,8 @@
 Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
 (row_statistics.py: ways to count a plan's formats per row class, docs/performance.md),
 ``floor`` (class_floor.py: the cheapest form of the full-resolution path, step by step), ``env``
-(env_throughput.py), ``reward`` (reward_latency.py), ``search`` (search_throughput.py: the
+(env_throughput.py), ``reward`` (reward_latency.py, in a fresh interpreter pinned to one
+core), ``search`` (search_throughput.py: the
 team reward of a batch and a CEM search), ``sharded`` (sharded_throughput.py, in a
 fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
@@ -127,9 +128,10 @@ def main(argv=None) -> None:
 
         env_throughput.main(["--envs", *(["1024"] if quick else ["1024", "8192"]), *save])
     if "reward" in args.only:
-        import reward_latency
-
-        reward_latency.main(["--batches", "64", "1024", *save])
+        # In a fresh interpreter: it pins itself to one core before JAX starts, which in this
+        # process would come after JAX's threads and leak into the steps after it.
+        subprocess.run([sys.executable, os.path.join(HERE, "reward_latency.py"),
+                        "--batches", "64", "1024", *save], check=True)
     if "search" in args.only:
         import search_throughput
 

@@ -4,22 +4,37 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import sys
 import time
 
 import jax
 
+# Warm-up calls before the timed ones: at most WARMUP_CALLS, stopped once WARMUP_SECONDS have
+# passed. A batch shape's first calls are not its steady state: `lj.evaluate` compiles its
+# packed-scenario program on a scenario's second call, and the allocator's heap grows over the
+# first calls of a large output (4,096 full-resolution plans with layer_stability, 26 MB of
+# output: ~12 calls page-faulting at 1.2-2.7x the steady time, then none).
+WARMUP_CALLS = 12
+WARMUP_SECONDS = 2.0
+
 
 def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
     """``(compile_seconds, run_seconds, result)``: the first call (trace, compile, run) minus
-    the median of ``repeats`` steady-state calls, and that median. Says on stderr what it is
+    the median of ``repeats`` steady-state calls, and that median. The steady-state calls come
+    after the warm-up (``WARMUP_CALLS``, at most ``WARMUP_SECONDS``). Says on stderr what it is
     doing (the first call may compile for a while)."""
-    print(f"{label or getattr(fn, '__name__', 'call')}: compiling, then {repeats} timed runs ...",
-          file=sys.stderr, flush=True)
+    print(f"{label or getattr(fn, '__name__', 'call')}: compiling, warming up, then {repeats} "
+          "timed runs ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0
+    start = time.perf_counter()
+    for _ in range(WARMUP_CALLS):
+        out = jax.block_until_ready(fn(*args))
+        if time.perf_counter() - start > WARMUP_SECONDS:
+            break
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -49,11 +64,36 @@ def results_folder(save_results: bool) -> str:
     return RESULTS if save_results else os.path.normpath(RUNS)
 
 
+def host() -> dict:
+    """The machine a benchmark ran on: ``cpu`` (the model name ``/proc/cpuinfo`` gives, with
+    its family and model numbers, which tell the generation where a virtual machine's name
+    does not, e.g. ``AMD EPYC (family 26, model 2)``; the platform's processor string
+    elsewhere) and ``cpu_count`` (the cores the process may use). Rates measured on different
+    CPUs are not comparable: the same code ran ~2x apart between machines of this project."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        cpu += f" (family {fields['cpu family']}, model {fields['model']})"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cpu_count": cores}
+
+
 def save_records(name: str, records: list, out: str | None = None,
                  save_results: bool = False) -> str:
     """Write ``records`` as JSON to ``out``, else ``{folder}/{name}_{platform}.json`` with
     ``folder`` the committed ``benchmarks/results`` (``save_results``) or ``runs/benchmarks``;
-    prints where."""
+    each record gets ``host`` (:func:`host`) unless it has one; prints where."""
+    machine = host()
+    records = [r if "host" in r else {**r, "host": machine} for r in records]
     path = out or os.path.join(results_folder(save_results),
                                f"{name}_{jax.devices()[0].platform}.json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -14,7 +14,9 @@ batch with ``layer_stability`` is measured once more in a fresh process started 
 ``HUGE_PAGES_TUNABLE``.
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
-state run; run time is the median of ``--repeats`` steady-state calls. Then, per resolution,
+state run; run time is the median of ``--repeats`` steady-state calls, after up to 12 warm-up
+calls (``common.time_jitted``: a scenario's second call compiles its packed program, and the
+first calls of a large output page-fault while the allocator's heap grows). Then, per resolution,
 two lines ``evaluate_single_call`` per plan of ``PLAN_FORMATS``: microseconds of one
 ``lj.evaluate`` call on one plan of NumPy arrays, or JAX arrays (validation, dispatch and the
 result included; what a server step pays), the median of ``--repeats`` rounds of 200 calls,

@@ -102,7 +102,7 @@ def test_steps_to_level():
     assert math.isnan(difference_rewards.steps_to(np.array([0.1, 0.2]), 0.5))
 
 
-def test_outputs_go_to_an_untracked_folder_unless_asked():
+def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     """Scripts write to runs/ (ignored by git) by default; the committed results folders only
     with --save-results."""
     import argparse
@@ -128,6 +128,13 @@ def test_outputs_go_to_an_untracked_folder_unless_asked():
     spec.loader.exec_module(bench)
     assert bench.results_folder(False).endswith(os.path.join("runs", "benchmarks"))
     assert bench.results_folder(True) == bench.RESULTS
+    # Every saved record names the machine it ran on; one that already does keeps its own.
+    machine = bench.host()
+    assert machine["cpu"] and 1 <= machine["cpu_count"] <= (os.cpu_count() or 1)
+    path = bench.save_records("x", [{"a": 1}, {"a": 2, "host": {"cpu": "other"}}],
+                              out=os.path.join(tmp_path, "x.json"))
+    saved = json.loads(open(path).read())
+    assert saved == [{"a": 1, "host": machine}, {"a": 2, "host": {"cpu": "other"}}]
 
 
 def test_trl_multiturn_two_steps_on_cpu(tmp_path):
