@@ -73,7 +73,10 @@ def plot(folder: str, out: str | None = None) -> str:
                 continue  # the single-call records
             if r.get("glibc_tunables"):
                 continue  # a process started with a malloc tunable: the plot is the default's
-            key = (r["device_kind"], r["layers"], not r.get("layer_stability", True))
+            kind = r["device_kind"]
+            if kind == "cpu" and r.get("host"):  # the CPU's model (common.host)
+                kind = f"{r['host']['cpu_count']}-core CPU, {r['host']['cpu']}"
+            key = (kind, r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
     fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=100)
