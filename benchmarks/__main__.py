@@ -74,12 +74,13 @@ def plot(folder: str, out: str | None = None) -> str:
             if r.get("glibc_tunables"):
                 continue  # a process started with a malloc tunable: the plot is the default's
             kind = r["device_kind"]
-            if kind == "cpu" and r.get("host"):  # the CPU's model (common.host)
-                kind = f"{r['host']['cpu_count']}-core CPU, {r['host']['cpu']}"
+            machine = r.get("host") or {}
+            if kind == "cpu" and machine:  # the CPU's model (common.host)
+                kind = f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
             key = (kind, r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
-    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=100)
+    fig, ax = plt.subplots(figsize=(10.5, 4.4), dpi=100)
     for k, ((kind, layers, lean), pts) in enumerate(sorted(series.items())):
         pts = sorted(set(pts))
         label = f"{kind}, {layers} rows/model" + (", no layer_stability" if lean else "")
@@ -95,7 +96,7 @@ def plot(folder: str, out: str | None = None) -> str:
     ax.set_ylabel("plans / s (steady state)")
     ax.set_title("lj.evaluate throughput, reference scenario (4 tenants)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes
     fig.tight_layout()
     path = out or os.path.join(folder, "plans_per_second.png")
     fig.savefig(path)

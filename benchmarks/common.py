@@ -11,11 +11,12 @@ import time
 
 import jax
 
-# Warm-up calls before the timed ones: at most WARMUP_CALLS, stopped once WARMUP_SECONDS have
-# passed. A batch shape's first calls are not its steady state: `lj.evaluate` compiles its
-# packed-scenario program on a scenario's second call, and the allocator's heap grows over the
-# first calls of a large output (4,096 full-resolution plans with layer_stability, 26 MB of
-# output: ~12 calls page-faulting at 1.2-2.7x the steady time, then none).
+# Warm-up calls before the timed ones: at least one, at most WARMUP_CALLS, none started once
+# WARMUP_SECONDS have passed. A batch shape's first calls are not its steady state:
+# `lj.evaluate` compiles its packed-scenario program on a scenario's second call, and the
+# allocator's heap grows over the first calls of a large output (4,096 full-resolution plans
+# with layer_stability, 26 MB of output: ~12 calls page-faulting at 1.2-2.7x the steady time,
+# then none).
 WARMUP_CALLS = 12
 WARMUP_SECONDS = 2.0
 
@@ -23,18 +24,19 @@ WARMUP_SECONDS = 2.0
 def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
     """``(compile_seconds, run_seconds, result)``: the first call (trace, compile, run) minus
     the median of ``repeats`` steady-state calls, and that median. The steady-state calls come
-    after the warm-up (``WARMUP_CALLS``, at most ``WARMUP_SECONDS``). Says on stderr what it is
-    doing (the first call may compile for a while)."""
+    after the warm-up (``WARMUP_CALLS``, ``WARMUP_SECONDS``), so a compile on a later call
+    (``lj.evaluate``'s packed program, on a scenario's second call) is in neither number. Says
+    on stderr what it is doing (the first call may compile for a while)."""
     print(f"{label or getattr(fn, '__name__', 'call')}: compiling, warming up, then {repeats} "
           "timed runs ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0
     start = time.perf_counter()
-    for _ in range(WARMUP_CALLS):
-        out = jax.block_until_ready(fn(*args))
-        if time.perf_counter() - start > WARMUP_SECONDS:
+    for k in range(WARMUP_CALLS):
+        if k and time.perf_counter() - start > WARMUP_SECONDS:
             break
+        out = jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -67,9 +69,10 @@ def results_folder(save_results: bool) -> str:
 def host() -> dict:
     """The machine a benchmark ran on: ``cpu`` (the model name ``/proc/cpuinfo`` gives, with
     its family and model numbers, which tell the generation where a virtual machine's name
-    does not, e.g. ``AMD EPYC (family 26, model 2)``; the platform's processor string
-    elsewhere) and ``cpu_count`` (the cores the process may use). Rates measured on different
-    CPUs are not comparable: the same code ran ~2x apart between machines of this project."""
+    does not, e.g. ``AMD EPYC (family 26, model 2)``; on Arm its implementer and part
+    numbers; the platform's processor string elsewhere) and ``cpu_count`` (the cores the
+    process may use; a CPU quota of its cgroup is not read). Rates measured on different CPUs
+    are not comparable: the same code ran ~2x apart between machines of this project."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -80,10 +83,13 @@ def host() -> dict:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    cpu = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
     if "cpu family" in fields and "model" in fields:
         cpu += f" (family {fields['cpu family']}, model {fields['model']})"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    elif "CPU implementer" in fields and "CPU part" in fields:  # Arm
+        cpu += f" (implementer {fields['CPU implementer']}, part {fields['CPU part']})"
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
     return {"cpu": cpu, "cpu_count": cores}
 
 

@@ -42,15 +42,15 @@ def _si(x: float) -> str:
 
 
 def _device(rec) -> str:
-    """The device column: a GPU's kind, or ``N-core CPU (model)`` where the record names its
+    """The device column: a GPU's kind, or ``N-core CPU, model`` where the record names its
     host (``common.host``, from the twenty-ninth round on); older CPU records say ``2-core
     CPU``, their model not recorded."""
     kind = rec.get("device_kind", "?")
     name = kind
     if rec.get("platform", "cpu") == "cpu" and kind == "cpu":
-        machine = rec.get("host")
-        name = (f"{machine['cpu_count']}-core CPU, {machine['cpu']}" if machine
-                else "2-core CPU")
+        machine = rec.get("host") or {}
+        name = (f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
+                if machine else "2-core CPU")
     tunables = rec.get("glibc_tunables")  # a run started with GLIBC_TUNABLES set
     return f"{name}, `GLIBC_TUNABLES={tunables}`" if tunables else name
 
