@@ -758,6 +758,52 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request, form
     assert [None if t is None else t[0].shape[1] for t in taken] == [16] * 4 + [24] * 2 + [None] * 2
 
 
+def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkeypatch, request):
+    """With JAX's asynchronous CPU dispatch (the tests' own), one host plan at full resolution
+    whose (class, format) pairs fit is evaluated by them too: its metrics NumPy arrays equal
+    to the rows' physics, its rules enforced in its program (the same ``ValueError`` as
+    ``validate_plan``). A plan with more pairs, and a coarse plan, take the general path
+    (their metrics JAX arrays), as before."""
+    from libratio_jax.physics.plan import validate_plan
+
+    assert not kernel._inline_dispatch()
+    monkeypatch.setattr(kernel, "entry_capacities", lambda m: (16, 24))
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    capacities = []  # of each host program called
+    made = kernel._host_program
+    monkeypatch.setattr(kernel, "_host_program",
+                        lambda *a: capacities.append(a[-1]) or made(*a))
+    sc = _tiny_full_resolution("tiny-llama")  # 39 rows in 12 classes per tenant
+    prec = np.array(sample_plans(sc, 4, seed=4, per_layer=False).precision)  # 12 pairs each
+    prec[1, 0, 5:9] = [0, 4, 7, 11]  # 16 pairs
+    prec[2, 1, 3:12] = (prec[2, 1, 3:12] + 1) % 12  # 21 pairs
+    prec[3, 1] = np.arange(80) % 12  # 39 pairs: more than the largest capacity
+    plans = jax.tree.map(np.asarray, sample_plans(sc, 4, seed=4).replace(precision=prec))
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+    for k, want in enumerate([[16], [16], [24], []]):
+        capacities.clear()
+        got = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans))
+        assert capacities == want
+        assert isinstance(got.memory_bytes, np.ndarray if want else jax.Array)
+        chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
+                                    rtol=1e-5, atol=1e-6)
+    broken = jax.tree.map(lambda x: x[0].copy(), plans)
+    broken.tp[0] = 3  # does not divide the tenant's GPUs or heads
+    with pytest.raises(ValueError) as expected:
+        validate_plan(sc, broken)
+    capacities.clear()
+    with pytest.raises(ValueError, match=re.escape(str(expected.value))):
+        lj.evaluate(sc, broken)
+    assert capacities == [16]  # refused by its program's rules
+    coarse = lj.reference_scenario(block_groups=1)
+    _scenario_args(coarse), _scenario_args(coarse)
+    capacities.clear()
+    one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(coarse, 1, seed=0))
+    assert isinstance(lj.evaluate(coarse, one).memory_bytes, jax.Array) and capacities == []
+
+
 def _spoil(rng, sc, plan, fields) -> None:
     """One of ``fields`` of the host ``plan`` set in place to a value drawn around its domain:
     a tenant's integer in [-2, 40), or a row's format id beyond every format."""

@@ -827,25 +827,26 @@ def _inline_dispatch() -> bool:
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
              scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True,
              entry_capacity: int = 0, check_rules: bool = False):
-    """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls:
-    the scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it
-    is (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is.
-    Packed, a call sends about 15 buffers instead of 75, which is much of what a small call
-    pays for its arguments. With inline CPU dispatch (:func:`inline_cpu_dispatch`), one host
-    plan also comes back packed (a few arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead
-    of 29, about 1 µs each) and is unpacked into NumPy views on the host: the outputs'
-    shapes follow from ``(batch_shape, m, l, n_pools)``, so every trace of the program has
-    the same packed layout. ``entry_capacity``: one plan as its ``[m, entry_capacity]``
-    (class, format) entries (:func:`evaluate_entries`) and its integer fields
-    ``int32[8 * m]``, two arrays, with ``layer_stability`` per entry.
-    ``check_rules``: one plan, returned with whether it breaks a rule of ``validate_plan``
+    """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls: the
+    scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it is
+    (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is. Packed,
+    a call sends about 15 buffers instead of 75, which is much of what a small call pays for
+    its arguments. With inline CPU dispatch (:func:`inline_cpu_dispatch`), and by its pairs
+    with either dispatch, one host plan also comes back packed (a few arrays of at most
+    ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is unpacked into NumPy
+    views on the host: the outputs' shapes follow from ``(batch_shape, m, l, n_pools)``, so
+    every trace of the program has the same packed layout. ``entry_capacity``: one plan as its
+    ``[m, entry_capacity]`` (class, format) entries (:func:`evaluate_entries`) and its integer
+    fields ``int32[8 * m]``, two arrays, with ``layer_stability`` per entry. ``check_rules``:
+    one plan, returned with whether it breaks a rule of ``validate_plan``
     (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
     n = math.prod(batch_shape)
     # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
     # np.asarray waits and copies: 176-188 -> 196-210 µs, measured alternately; inline
-    # 108-110 -> 96-107 µs).
+    # 108-110 -> 96-107 µs). Its pairs' program packs them with either dispatch: its caller
+    # reads them on the host.
     pack_outputs = (packed_plan and not batch_shape and jax.default_backend() == "cpu"
-                    and _inline_dispatch())
+                    and (_inline_dispatch() or entry_capacity > 0))
     outputs: list = []  # the packed outputs' layout (set when traced), then its reader
 
     def run(scenario, plan):
@@ -1060,24 +1061,29 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     rows, is summed by format counts per row class (``physics.rowclasses``; merged rows
     each a class of their own); ``layer_stability=False`` skips the one per-row
     output (``Metrics.layer_stability`` is then None), which is most of what such a batch
-    costs beyond reading its rows. With inline CPU dispatch (:func:`inline_cpu_dispatch`)
-    one plan (NumPy or concrete JAX arrays; unvalidated too, when its shapes, dtypes and
-    format ids are right) takes the host path: its rules checked in its program when it is
-    validated, at full resolution its (class, format) pairs evaluated when they fit, its
-    metrics NumPy arrays (docs/performance.md).
+    costs beyond reading its rows. On the CPU one plan (NumPy or concrete JAX arrays;
+    unvalidated too, when its shapes, dtypes and format ids are right) takes the host path
+    with inline CPU dispatch (:func:`inline_cpu_dispatch`), and with JAX's default
+    asynchronous dispatch at full resolution when its (class, format) pairs fit: its rules
+    checked in its program when it is validated, at full resolution its pairs evaluated when
+    they fit, its metrics NumPy arrays, ready when the call returns (docs/performance.md).
     """
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
     if not isinstance(plan, Plan):
         raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
-    # One host plan with inline CPU dispatch: its shapes and dtypes checked here, its rules in
-    # its program (below). One plan in concrete JAX arrays (``Plan.from_choices``) is read as
-    # NumPy: by the rows' program, concurrent at full resolution, it took ~3x longer.
-    inline = (jax.default_backend() == "cpu" and _inline_dispatch()
+    # One host plan on the CPU: its shapes and dtypes checked here, its rules in its program
+    # (below). With inline dispatch always; with asynchronous dispatch at full resolution,
+    # where its pairs' program (sequential, ~106 µs a call) replaces the rows' (concurrent,
+    # ~190 µs; a coarse plan's program gained nothing: docs/performance.md, twenty-ninth
+    # round). One plan in concrete JAX arrays (``Plan.from_choices``) is read as NumPy: by the
+    # rows' program, concurrent at full resolution, it took ~3x longer.
+    on_cpu = (jax.default_backend() == "cpu"
               and not isinstance(scenario.present, jax.core.Tracer))
-    if inline and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
+    host = on_cpu and (_inline_dispatch() or scenario.row_classes is not None)
+    if host and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
         plan = _on_host(plan)
-    one_host_plan = inline and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
+    one_host_plan = host and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
     if not one_host_plan:
         if validate:
             validate_plan(scenario, plan)
@@ -1179,8 +1185,8 @@ _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))
 
 def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stability: bool,
                         check_rules: bool = True) -> Metrics | None:
-    """One host plan whose shapes and dtypes are validated, on a packed scenario, with inline
-    CPU dispatch: in a program that also checks the plan's rules (``plan.breaks_rules``; only
+    """One host plan whose shapes and dtypes are validated, on a packed scenario, on the CPU:
+    in a program that also checks the plan's rules (``plan.breaks_rules``; only
     a plan that breaks one pays for ``validate_plan``'s message, which it raises), at full
     resolution by its (class, format) entries (:func:`evaluate_entries`) on the scenario
     without its rows (:func:`_without_rows`). Those make a program of buffers of at most
@@ -1191,11 +1197,13 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     spread ``layer_stability``). The rows' program instead when the scenario is coarse, a
     tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
     per row at random), or the sanitizer refuses a tenant (the rows say what its rows
-    score). Its format ids are checked here: by ``native.compact_pairs``, which reads them
-    to count the pairs, else by one reduction. ``None`` (the caller validates on the host,
-    or evaluates an unvalidated plan by the general path) when a format id is out of
-    range, or an integer field is not a NumPy array, or is of a type wider than int32
-    (which packing as int32 could wrap) and holds a value beyond ``INT_LIMIT``.
+    score). With asynchronous dispatch by its pairs only: ``None`` where the rows' program
+    would run (with packed outputs it gained nothing there). Its format ids are checked
+    here: by ``native.compact_pairs``, which reads them to count the pairs, else by one
+    reduction. ``None`` (the caller validates on the host, or evaluates an unvalidated plan
+    by the general path) when a format id is out of range, or an integer field is not a
+    NumPy array, or is of a type wider than int32 (which packing as int32 could wrap) and
+    holds a value beyond ``INT_LIMIT``.
     ``check_rules=False`` (``evaluate(..., validate=False)``): a plan that breaks a rule is
     not refused but evaluated as its sanitizer says, as any unvalidated plan."""
     ints = [getattr(plan, f) for f in INT_FIELDS]
@@ -1233,6 +1241,8 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", table.take(pair))
             return out
+    if not _inline_dispatch():  # asynchronous: by its pairs or by the general path
+        return None
     layout, arrays = packed.args
     program = _host_program(packed.kept, m, l, n_pools, layout, layer_stability, 0)
     out, broken = program(arrays, _plan_vector(plan.precision, ints))
