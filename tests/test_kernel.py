@@ -762,8 +762,9 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     """With JAX's asynchronous CPU dispatch (the tests' own), one host plan at full resolution
     whose (class, format) pairs fit is evaluated by them too: its metrics NumPy arrays equal
     to the rows' physics, its rules enforced in its program (the same ``ValueError`` as
-    ``validate_plan``). A plan with more pairs, and a coarse plan, take the general path
-    (their metrics JAX arrays), as before."""
+    ``validate_plan``); unvalidated, in JAX arrays and without ``layer_stability`` too. A
+    scenario's first call (not packed yet), a plan with more pairs, and a coarse plan take
+    the general path (their metrics JAX arrays), as before."""
     from libratio_jax.physics.plan import validate_plan
 
     assert not kernel._inline_dispatch()
@@ -781,14 +782,29 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     prec[3, 1] = np.arange(80) % 12  # 39 pairs: more than the largest capacity
     plans = jax.tree.map(np.asarray, sample_plans(sc, 4, seed=4).replace(precision=prec))
     by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
-    _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+    first = lj.evaluate(sc, jax.tree.map(lambda x: x[0], plans))  # not packed yet: general
+    assert capacities == [] and isinstance(first.memory_bytes, jax.Array)
+    _scenario_args(sc)  # packed, as from a second call on
     for k, want in enumerate([[16], [16], [24], []]):
+        plan = jax.tree.map(lambda x, k=k: x[k], plans)
+        row = jax.tree.map(lambda x, k=k: x[k], by_rows)
         capacities.clear()
-        got = lj.evaluate(sc, jax.tree.map(lambda x, k=k: x[k], plans))
+        got = lj.evaluate(sc, plan)
         assert capacities == want
         assert isinstance(got.memory_bytes, np.ndarray if want else jax.Array)
-        chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
-                                    rtol=1e-5, atol=1e-6)
+        chex.assert_trees_all_close(got, row, rtol=1e-5, atol=1e-6)
+        # unvalidated, in JAX arrays, without layer_stability: the same route and metrics
+        for kwargs, p in (({"validate": False}, plan), ({}, jax.tree.map(jnp.asarray, plan)),
+                          ({"layer_stability": False}, plan)):
+            capacities.clear()
+            again = lj.evaluate(sc, p, **kwargs)
+            assert capacities == want, kwargs
+            if kwargs.get("layer_stability") is False:
+                assert again.layer_stability is None
+                again = again.replace(layer_stability=got.layer_stability)
+            chex.assert_trees_all_close(again, got, rtol=1e-6, atol=1e-7)
+    chex.assert_trees_all_close(first, jax.tree.map(lambda x: x[0], by_rows), rtol=1e-5,
+                                atol=1e-6)
     broken = jax.tree.map(lambda x: x[0].copy(), plans)
     broken.tp[0] = 3  # does not divide the tenant's GPUs or heads
     with pytest.raises(ValueError) as expected:

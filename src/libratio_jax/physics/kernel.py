@@ -1067,6 +1067,10 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     asynchronous dispatch at full resolution when its (class, format) pairs fit: its rules
     checked in its program when it is validated, at full resolution its pairs evaluated when
     they fit, its metrics NumPy arrays, ready when the call returns (docs/performance.md).
+    So with asynchronous dispatch one plan's metrics are NumPy arrays where its pairs were
+    evaluated (from a scenario's second call on, its leaves JAX arrays, every tenant valid)
+    and JAX arrays otherwise: read them with ``np.asarray`` or ``jax.block_until_ready``,
+    which take both.
     """
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a Scenario, got {type(scenario).__name__}")
@@ -1192,9 +1196,9 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     without its rows (:func:`_without_rows`). Those make a program of buffers of at most
     ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially, like a coarse plan's, rather
     than the rows' program, which it runs concurrently (docs/performance.md; measured on 2
-    cores, a plan with a format per layer kind: ~110-130 against ~290-320 µs a call; with
-    asynchronous dispatch it gained nothing, since the host must wait for the result to
-    spread ``layer_stability``). The rows' program instead when the scenario is coarse, a
+    cores, a plan with a format per layer kind, inline: ~110-130 against ~290-320 µs a call on
+    the earlier machine; asynchronous: ~85-110 against ~190 µs on the twenty-ninth round's).
+    The rows' program instead when the scenario is coarse, a
     tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
     per row at random), or the sanitizer refuses a tenant (the rows say what its rows
     score). With asynchronous dispatch by its pairs only: ``None`` where the rows' program

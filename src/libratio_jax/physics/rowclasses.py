@@ -16,7 +16,8 @@ plans' rows are moved to the major axis (``[M, L, B]``, a copy of one byte per r
 of each class are gathered into a ``[M, classes, slots]`` grid (whole rows of ``B`` plans at
 once, cheap), and the formats are counted slot by slot in 8-bit lanes across the batch.
 
-One host plan (``lj.evaluate`` with inline CPU dispatch) is instead compacted on the host:
+One host plan (``lj.evaluate`` on the CPU: with inline dispatch, or with asynchronous
+dispatch at full resolution) is instead compacted on the host:
 :func:`compact_entries` lists the (class, format) pairs each tenant's rows use, with their
 counts, and :func:`entry_model` makes pseudo-rows of just those pairs, so that the program's
 buffers stay small (``physics.kernel.evaluate_entries``).
