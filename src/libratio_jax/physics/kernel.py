@@ -1029,9 +1029,9 @@ def inline_cpu_dispatch() -> bool:
     path pays about 1 µs per argument and output buffer and a fixed handoff per call (one
     plan on the twenty-ninth round's 2-core CPU: 94 -> 41 µs coarse, 85 -> 45 µs at full
     resolution with a format per layer kind; the README's single-call table), and nothing is
-    gained by overlapping Python with a computation that short. JAX reads the setting when it starts
-    its CPU backend: call this before the process's first computation. Returns whether it
-    took effect (False once the backend is up; the setting is then left as it was).
+    gained by overlapping Python with a computation that short. JAX reads the setting when it
+    starts its CPU backend: call this before the process's first computation. Returns whether
+    it took effect (False once the backend is up; the setting is then left as it was).
     ``libratio serve`` calls it at start.
 
     Example (first lines of a server or a latency benchmark)::
@@ -1190,8 +1190,8 @@ _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))
 def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stability: bool,
                         check_rules: bool = True) -> Metrics | None:
     """One host plan whose shapes and dtypes are validated, on a packed scenario, on the CPU:
-    in a program that also checks the plan's rules (``plan.breaks_rules``; only
-    a plan that breaks one pays for ``validate_plan``'s message, which it raises), at full
+    in a program that also checks the plan's rules (``plan.breaks_rules``; only a plan that
+    breaks one pays for ``validate_plan``'s message, which it raises), at full
     resolution by its (class, format) entries (:func:`evaluate_entries`) on the scenario
     without its rows (:func:`_without_rows`). Those make a program of buffers of at most
     ``SEQUENTIAL_BUFFER_BYTES``, which XLA runs sequentially, like a coarse plan's, rather
