@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One lent GPU's checks and measurements in one call (docs/performance.md, "On one H100"):
-# the class path's parity tests on the device, one call's kernels (profile_evaluate.py), then
-# the throughput (evaluate_throughput.py) and the Fleet environment (env_throughput.py).
+# the class path's parity tests on the device, one call's kernels (profile_evaluate.py), the
+# same with the fences as lax.optimization_barrier (--barrier: the first thing to measure, the
+# twenty-seventh round's ~20 ms per-entry fusion), then the throughput (evaluate_throughput.py)
+# and the Fleet environment (env_throughput.py).
 #
 #   OUT=/some/folder bash benchmarks/gpu_session.sh      # from the repository's root
 #
@@ -11,7 +13,7 @@
 # project's other dependencies (orjson, msgspec) as wheels in .whl/ if they are missing
 # there (installed into /tmp/site). Everything it prints also goes to $OUT/log.txt; the
 # results are written under $OUT (copy them into benchmarks/results/ to commit them). Its
-# steps' limits add up to 515 s (the device tool allows 600 s a command): the throughput
+# steps' limits add up to 585 s (the device tool allows 600 s a command): the throughput
 # step writes its JSON only at its end, and its records are in the log if it is cut short.
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
@@ -36,8 +38,11 @@ quiet() { grep -v "bfc_allocator\|^W[0-9]\{4\} \|compiling, then"; }
   step "kernels of one call"
   timeout 90 python3 benchmarks/profile_evaluate.py --batch "$PROFILE_BATCH" \
     --out "$OUT/profile_evaluate_gpu.json" 2>&1 | quiet
+  step "kernels of one call, fenced by lax.optimization_barrier"
+  timeout 80 python3 benchmarks/profile_evaluate.py --batch "$PROFILE_BATCH" --barrier \
+    --out "$OUT/profile_evaluate_barrier_gpu.json" 2>&1 | quiet
   step "throughput"
-  timeout 240 python3 benchmarks/evaluate_throughput.py --batches $BATCHES \
+  timeout 230 python3 benchmarks/evaluate_throughput.py --batches $BATCHES \
     --single-call-trials 1 --out "$OUT/evaluate_throughput_gpu.json" 2>&1 | quiet
   step "Fleet-v0"
   timeout 75 python3 benchmarks/env_throughput.py --envs "$ENVS" \

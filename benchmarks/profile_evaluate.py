@@ -2,7 +2,8 @@
 trace, on whatever device JAX runs (a GPU through the device tool, or the CPU).
 
     python benchmarks/profile_evaluate.py [--batch 16384] [--block-groups 0]
-                                          [--layer-stability] [--top 25] [--out FILE]
+                                          [--layer-stability] [--barrier] [--top 25]
+                                          [--out FILE]
 
 Times the call (median of ``--repeats`` steady-state calls, the jitted program of
 ``lj.evaluate(..., validate=False)`` on the reference scenario, plans as
@@ -13,6 +14,13 @@ then a ``profile_evaluate`` summary line: ``plans_per_second`` (timed), ``kernel
 (summed), ``kernels`` (launches). On a GPU the kernels are the device's events; on the CPU, the
 runtime's kernel events (its threads run them concurrently, so the sum can exceed the wall
 time). ``--out`` also writes the trace (``.trace.json.gz``) beside the JSON records.
+
+``--barrier`` (off the CPU only; the summary says ``"fence": "optimization_barrier"``): in this
+process ``physics.native.fence``, an identity off the CPU, becomes ``lax.optimization_barrier``,
+so the values the library fences on the CPU (the sanitized fields, the roofline's per-plan
+factors) are kept apart from the kernels that read them instead of fused and recomputed in
+each (the H100 trace's ~20 ms per-entry fusion: docs/performance.md, "On one H100"). The
+metrics are the same (test: tests/test_kernel.py); whether it is faster is what to measure.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from common import time_jitted  # noqa: E402
 from evaluate_throughput import _tile  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
+from libratio_jax.physics import native  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 
 # On the CPU, the trace's host events that are not kernels: the runtime's own steps, Python.
@@ -60,6 +69,12 @@ def kernel_times(trace: dict) -> dict:
     return out
 
 
+def barrier_fence(tree):
+    """``native.fence`` with ``lax.optimization_barrier`` where the native fence is an identity
+    (off the CPU; XLA's CPU pipeline drops the barrier before fusion)."""
+    return jax.lax.optimization_barrier(tree)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,10 +82,15 @@ def main(argv=None) -> None:
     ap.add_argument("--block-groups", type=int, default=0,
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--layer-stability", action="store_true")
+    ap.add_argument("--barrier", action="store_true",
+                    help="off the CPU, fence with lax.optimization_barrier (see above)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="write the records (JSON) and the trace")
     args = ap.parse_args(argv)
+    barrier = args.barrier and jax.default_backend() != "cpu"
+    if barrier:  # before the first trace: every program of this process is fenced so
+        native.fence = barrier_fence
     sc = lj.reference_scenario(block_groups=args.block_groups or None)
     plans = _tile(sample_plans(sc, 4096, seed=0), args.batch)
     fn = functools.partial(lj.evaluate, validate=False, layer_stability=args.layer_stability)
@@ -101,6 +121,7 @@ def main(argv=None) -> None:
     records.append({"benchmark": "profile_evaluate", "device_kind": device.device_kind,
                     "platform": device.platform, "batch": args.batch, "layers": sc.num_layers,
                     "layer_stability": args.layer_stability,
+                    "fence": "optimization_barrier" if barrier else "native (CPU) or none",
                     "plans_per_second": round(args.batch / run_s, 1),
                     "kernel_microseconds": round(total, 1),
                     "kernels": sum(n for _, n in times.values())})

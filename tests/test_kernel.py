@@ -820,6 +820,20 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     assert isinstance(lj.evaluate(coarse, one).memory_bytes, jax.Array) and capacities == []
 
 
+@pytest.mark.parametrize("block_groups", [None, 1])
+def test_optimization_barrier_as_fence_keeps_the_metrics(monkeypatch, block_groups):
+    """``benchmarks/profile_evaluate.py --barrier`` replaces ``native.fence`` (an identity off
+    the CPU) by ``lax.optimization_barrier`` for a GPU measurement: every fenced value traces
+    through it (pytrees of the sanitized fields, the roofline's factors, the BF16 sums) and
+    the batch path's metrics, ``layer_stability`` included, are the same."""
+    sc = lj.reference_scenario(block_groups=block_groups)
+    plans = jax.tree.map(jnp.asarray, sample_plans(sc, 600, seed=2))
+    want = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)
+    monkeypatch.setattr(native, "fence", jax.lax.optimization_barrier)
+    got = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)
+    chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def _spoil(rng, sc, plan, fields) -> None:
     """One of ``fields`` of the host ``plan`` set in place to a value drawn around its domain:
     a tenant's integer in [-2, 40), or a row's format id beyond every format."""
