@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import RESULTS, results_folder  # noqa: E402
+from readme_tables import _device  # noqa: E402  (the tables' device names: one home)
 
 STEPS = ("evaluate", "rowstats", "floor", "env", "reward", "search", "sharded", "plot")
 
@@ -73,11 +74,7 @@ def plot(folder: str, out: str | None = None) -> str:
                 continue  # the single-call records
             if r.get("glibc_tunables"):
                 continue  # a process started with a malloc tunable: the plot is the default's
-            kind = r["device_kind"]
-            machine = r.get("host") or {}
-            if kind == "cpu" and machine:  # the CPU's model (common.host)
-                kind = f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
-            key = (kind, r["layers"], not r.get("layer_stability", True))
+            key = (_device(r), r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
     fig, ax = plt.subplots(figsize=(10.5, 4.4), dpi=100)
