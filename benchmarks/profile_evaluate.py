@@ -2,7 +2,8 @@
 trace, on whatever device JAX runs (a GPU through the device tool, or the CPU).
 
     python benchmarks/profile_evaluate.py [--batch 16384] [--block-groups 0]
-                                          [--layer-stability] [--barrier] [--top 25]
+                                          [--layer-stability] [--no-barrier]
+                                          [--xla-class-path] [--top 25]
                                           [--out FILE]
 
 Times the call (median of ``--repeats`` steady-state calls, the jitted program of
@@ -15,12 +16,13 @@ then a ``profile_evaluate`` summary line: ``plans_per_second`` (timed), ``kernel
 runtime's kernel events (its threads run them concurrently, so the sum can exceed the wall
 time). ``--out`` also writes the trace (``.trace.json.gz``) beside the JSON records.
 
-``--barrier`` (off the CPU only; the summary says ``"fence": "optimization_barrier"``): in this
-process ``physics.native.fence``, an identity off the CPU, becomes ``lax.optimization_barrier``,
-so the values the library fences on the CPU (the sanitized fields, the roofline's per-plan
-factors) are kept apart from the kernels that read them instead of fused and recomputed in
-each (the H100 trace's ~20 ms per-entry fusion: docs/performance.md, "On one H100"). The
-metrics are the same (test: tests/test_kernel.py); whether it is faster is what to measure.
+Off the CPU, two switches put back what ran there before the thirtieth round, in this process
+only, to measure against on the same card: ``--no-barrier`` makes ``physics.native.fence`` an
+identity (it is ``lax.optimization_barrier`` off the CPU: the values the library fences, the
+sanitized fields and the roofline's per-plan factors, are kept apart from the kernels that read
+them instead of fused and recomputed in each), ``--xla-class-path`` turns the Pallas kernel
+off (``physics.gpu_kernels``: the batch path counts with XLA's ``rowclasses.count_ids`` and
+runs the roofline per entry). The summary says which ran (``fence``, ``class_path``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from common import time_jitted  # noqa: E402
 from evaluate_throughput import _tile  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
-from libratio_jax.physics import native  # noqa: E402
+from libratio_jax.physics import gpu_kernels, native  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 
 # On the CPU, the trace's host events that are not kernels: the runtime's own steps, Python.
@@ -69,12 +71,6 @@ def kernel_times(trace: dict) -> dict:
     return out
 
 
-def barrier_fence(tree):
-    """``native.fence`` with ``lax.optimization_barrier`` where the native fence is an identity
-    (off the CPU; XLA's CPU pipeline drops the barrier before fusion)."""
-    return jax.lax.optimization_barrier(tree)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,15 +78,19 @@ def main(argv=None) -> None:
     ap.add_argument("--block-groups", type=int, default=0,
                     help="0 = one row per sub-layer per block (full resolution)")
     ap.add_argument("--layer-stability", action="store_true")
-    ap.add_argument("--barrier", action="store_true",
-                    help="off the CPU, fence with lax.optimization_barrier (see above)")
+    ap.add_argument("--no-barrier", action="store_true",
+                    help="off the CPU, no fences (as before the thirtieth round; see above)")
+    ap.add_argument("--xla-class-path", action="store_true",
+                    help="no Pallas kernel: XLA's counts and per-entry roofline (see above)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="write the records (JSON) and the trace")
     args = ap.parse_args(argv)
-    barrier = args.barrier and jax.default_backend() != "cpu"
-    if barrier:  # before the first trace: every program of this process is fenced so
-        native.fence = barrier_fence
+    off_cpu = jax.default_backend() != "cpu"
+    if args.no_barrier and off_cpu:  # before the first trace: for every program of this process
+        native.fence = lambda tree: tree
+    if args.xla_class_path:
+        gpu_kernels.available = lambda: False
     sc = lj.reference_scenario(block_groups=args.block_groups or None)
     plans = _tile(sample_plans(sc, 4096, seed=0), args.batch)
     fn = functools.partial(lj.evaluate, validate=False, layer_stability=args.layer_stability)
@@ -121,7 +121,9 @@ def main(argv=None) -> None:
     records.append({"benchmark": "profile_evaluate", "device_kind": device.device_kind,
                     "platform": device.platform, "batch": args.batch, "layers": sc.num_layers,
                     "layer_stability": args.layer_stability,
-                    "fence": "optimization_barrier" if barrier else "native (CPU) or none",
+                    "fence": ("native (CPU)" if not off_cpu else
+                              "none" if args.no_barrier else "optimization_barrier"),
+                    "class_path": ("pallas" if gpu_kernels.available() else "xla"),
                     "plans_per_second": round(args.batch / run_s, 1),
                     "kernel_microseconds": round(total, 1),
                     "kernels": sum(n for _, n in times.values())})

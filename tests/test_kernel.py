@@ -822,10 +822,10 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
 
 @pytest.mark.parametrize("block_groups", [None, 1])
 def test_optimization_barrier_as_fence_keeps_the_metrics(monkeypatch, block_groups):
-    """``benchmarks/profile_evaluate.py --barrier`` replaces ``native.fence`` (an identity off
-    the CPU) by ``lax.optimization_barrier`` for a GPU measurement: every fenced value traces
-    through it (pytrees of the sanitized fields, the roofline's factors, the BF16 sums) and
-    the batch path's metrics, ``layer_stability`` included, are the same."""
+    """Off the CPU ``native.fence`` is ``lax.optimization_barrier`` (on the CPU, the native
+    fence): traced here with the barrier as the fence, every fenced value goes through it
+    (pytrees of the sanitized fields, the roofline's factors, the BF16 sums) and the batch
+    path's metrics, ``layer_stability`` included, are the same."""
     sc = lj.reference_scenario(block_groups=block_groups)
     plans = jax.tree.map(jnp.asarray, sample_plans(sc, 600, seed=2))
     want = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)

@@ -316,11 +316,18 @@ def _native_rows(table, ids, keep, fallback):
                                                       fallback=np.int64(fallback))
 
 
-@jax.custom_jvp
-def _fence_leaf(x):
+def _native_fence(x):
     call = jax.ffi.ffi_call("lj_fence", _result(x, x.shape, x.dtype),
                             vmap_method="broadcast_all", input_output_aliases={0: 0})
-    return _cpu_only(call, lambda y: y, x)
+    return _cpu_only(call, jax.lax.optimization_barrier, x)
+
+
+@jax.custom_jvp
+def _fence_leaf(x):
+    if status().fence:
+        return _native_fence(x)
+    # no native fence: an identity on the CPU (whose pipeline would drop a barrier)
+    return jax.lax.platform_dependent(x, cpu=lambda y: y, default=jax.lax.optimization_barrier)
 
 
 @_fence_leaf.defjvp
@@ -329,17 +336,13 @@ def _fence_jvp(primals, tangents):
 
 
 def fence(tree):
-    """``tree`` unchanged, each array leaf materialized once on the CPU: XLA fuses a value
-    into every kernel that reads it and recomputes it there (its CPU pipeline drops
-    ``lax.optimization_barrier`` before fusion), so a per-plan value read by ``[..., L]``
+    """``tree`` unchanged, each array leaf materialized once: XLA fuses a value into every
+    kernel that reads it and recomputes it there, so a per-plan value read by ``[..., L]``
     per-row kernels is recomputed for every row. A fence makes those kernels read it
-    instead. An identity for values, gradients and other platforms."""
-    if not status().fence:
-        return tree
-    return _fenced(tree)
-
-
-def _fenced(tree):
+    instead: on the CPU the native kernel ``lj_fence`` (XLA's CPU pipeline drops
+    ``lax.optimization_barrier`` before fusion; without the extension, an identity), on
+    other platforms ``lax.optimization_barrier`` (chosen where the program is lowered). An
+    identity for values and gradients."""
     return jax.tree.map(lambda x: _fence_leaf(jnp.asarray(x)), tree)
 
 
@@ -400,7 +403,7 @@ def _self_check(counts: bool) -> None:
                 and np.allclose(by_group, want_groups, rtol=1e-5, atol=1e-3)):
             raise RuntimeError("lj_weighted_sums differs from NumPy's products and maximum")
     x = rng.random((b, m)).astype(np.float32)
-    if not np.array_equal(np.asarray(jax.jit(_fenced)(x)), x):
+    if not np.array_equal(np.asarray(jax.jit(_native_fence)(x)), x):
         raise RuntimeError("lj_fence is not an identity")
     _check_compact(rng)
 

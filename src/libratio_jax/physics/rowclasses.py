@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from libratio_jax.physics import formats as F
-from libratio_jax.physics import native
+from libratio_jax.physics import gpu_kernels, native
 
 # Row tuple layout of ``architecture.build_rows``: kind, params, flops_per_token, in, out,
 # gemm_instances, act_bytes_per_token, block, count.
@@ -122,14 +122,26 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
     non-integral values, are not counted (compare the total with the class sizes to flag
     them). ``with_complete``: also return ``bool[M, B]``, whether every row of the tenant
     was counted. On the CPU the native kernel counts (``physics.native``), elsewhere
-    :func:`count_ids`. ``start`` (int32, may be traced) and ``size``: only the ``size``
+    :func:`count_ids` (on an NVIDIA GPU a Pallas kernel, ``physics.gpu_kernels``). ``start``
+    (int32, may be traced) and ``size``: only the ``size``
     plans from ``start`` on (``[M, classes, F, size]``; plans past the batch's end count as
     plans without rows, not complete), read in place by the native kernel. ``compact``: the
     counts as ``native.counts_dtype`` (uint8 where no class has more than 255 rows), for
     consumers that convert them where they read them."""
-    counts, complete = native.format_counts(grid, format_ids(precision), count_ids, start,
-                                            size, compact=compact)
+    counts, complete = native.format_counts(grid, format_ids(precision),
+                                            _xla_counter(grid, compact), start, size,
+                                            compact=compact)
     return (counts, complete) if with_complete else counts
+
+
+def _xla_counter(grid, compact: bool):
+    """What counts off the CPU's native kernel: on an NVIDIA GPU the Pallas kernel
+    (``physics.gpu_kernels``, writing the counts in the dtype asked for), else
+    :func:`count_ids`."""
+    if not gpu_kernels.available():
+        return count_ids
+    dtype = native.counts_dtype(grid) if compact else jnp.float32
+    return functools.partial(gpu_kernels.count_ids, dtype=dtype)
 
 
 def format_ids(precision):

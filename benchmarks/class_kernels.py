@@ -1,0 +1,130 @@
+"""The class path's per-row work alone, form by form, on whatever device JAX runs (made for a
+GPU through the device tool): the reference scenario's plans as one-byte format ids
+``[B, 4, 399]``, timed as jitted calls (``common.time_jitted``).
+
+    python benchmarks/class_kernels.py [--batch 1048576] [--variants] [--out FILE]
+
+One JSON line per form: ``form``, ``batch``, ``milliseconds`` (median), ``plans_per_second``,
+``bytes_per_second`` (the plans' bytes over the time: against the device's memory bandwidth),
+``compile_seconds``, and for the Pallas kernels their ``plans_per_program``, ``rows_per_tile``
+and ``num_warps``. Forms: ``read_plans`` (a sum over every byte: the floor of any form that
+reads the plans), ``xla_count_ids`` (``rowclasses.count_ids``, XLA's counts), on an NVIDIA GPU
+``pallas_count_ids`` and ``pallas_class_sums`` (``physics.gpu_kernels``: the counts, and the
+fused counts-roofline-sums kernel the batch path runs there), each at the module's defaults;
+``--variants`` times each Pallas kernel at other program shapes too. Before timing, each
+Pallas form is checked against XLA's counts (the counts exactly; the sums against the same
+sums of XLA's counts, rtol 1e-5) and a form that differs is reported and not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import save_records, time_jitted  # noqa: E402
+
+import libratio_jax as lj  # noqa: E402
+from libratio_jax.physics import formats as F  # noqa: E402
+from libratio_jax.physics import gpu_kernels as G  # noqa: E402
+from libratio_jax.physics import rowclasses as RC  # noqa: E402
+
+VARIANTS = ((32, 128, 4), (64, 64, 4), (128, 128, 8), (64, 128, 8))
+
+
+def _inputs(batch: int):
+    sc = lj.reference_scenario()
+    grid = jnp.asarray(sc.row_classes)
+    m, c = grid.shape[:2]
+    key = jax.random.key(0)
+    ids = jax.random.randint(key, (batch, m, sc.num_layers), 0, F.NUM_FORMATS, jnp.int32)
+    ids = jax.block_until_ready(ids.astype(jnp.uint8))
+    rng = np.random.default_rng(0)
+    plan_terms = jnp.asarray(rng.uniform(0.5, 2.0, (m, batch, 16)), jnp.float32)
+    entries = jnp.asarray(rng.uniform(0.0, 3.0, (m, F.NUM_FORMATS, 6, c)), jnp.float32)
+    table = jnp.asarray(rng.normal(size=(m, 21, c, F.NUM_FORMATS)), jnp.float32)
+    return grid, ids, (plan_terms, entries, table)
+
+
+def _xla_sums(grid, ids, plan_terms, entries, table):
+    """The fused kernel's sums, of XLA's counts (the check's reference)."""
+    counts, complete = RC.count_ids(grid, ids)  # [M, C, F, b]
+    e = jnp.swapaxes(jnp.moveaxis(entries, 2, 1), 2, 3)[..., None]  # [M, 6, C, F, 1]
+    work, hbm, reads, expert_reads = (plan_terms[:, None, None, :, j] for j in range(4))
+    spf = jnp.moveaxis(plan_terms[:, :, 4:], 1, 2)[:, None]
+    flops, weight, io, expert, valid, top = (e[:, j] for j in range(6))
+    traffic = jnp.where(expert > 0, expert_reads, reads) * weight + work * io
+    seconds = jnp.maximum(work * flops * spf, traffic / hbm)
+    roof = jnp.sum(counts * jnp.where(valid > 0, seconds, 0.0), axis=(1, 2))
+    peak = jnp.maximum(jnp.max(jnp.where(counts > 0, top, 0.0), axis=(1, 2)), 0.0)
+    sums = jnp.einsum("mkcf,mcfb->mkb", table, counts, precision=jax.lax.Precision.HIGHEST)
+    return G.ClassSums(roof, sums, peak, complete)
+
+
+@jax.jit
+def _close(got, want):
+    got, want = got.astype(jnp.float32), want.astype(jnp.float32)
+    return jnp.all(jnp.abs(got - want) <= 1e-3 + 1e-5 * jnp.abs(want))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=1 << 20)
+    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    grid, ids, sum_args = _inputs(args.batch)
+    b = args.batch
+    records = []
+
+    def timed(form, fn, *fn_args, **extra):
+        compile_s, run_s, _ = time_jitted(jax.jit(fn), *fn_args, repeats=args.repeats,
+                                          label=form)
+        rec = dict(benchmark="class_kernels", form=form, batch=b,
+                   device_kind=jax.devices()[0].device_kind,
+                   milliseconds=round(run_s * 1e3, 4), plans_per_second=round(b / run_s, 1),
+                   bytes_per_second=round(ids.size / run_s, 1),
+                   compile_seconds=round(compile_s, 3), **extra)
+        print(json.dumps(rec), flush=True)
+        records.append(rec)
+
+    timed("read_plans", lambda x: jnp.sum(x, axis=(1, 2), dtype=jnp.int32), ids)
+    timed("xla_count_ids", lambda x: RC.count_ids(grid, x), ids)
+    if G.available():
+        want_counts = jax.jit(RC.count_ids)(grid, ids)
+        want_sums = jax.jit(_xla_sums)(grid, ids, *sum_args)
+        shapes = [(G.PLANS_PER_PROGRAM, G.ROWS_PER_TILE, G.NUM_WARPS)]
+        shapes += list(VARIANTS) if args.variants else []
+        for bp, lt, warps in shapes:
+            shape = dict(plans_per_program=bp, rows_per_tile=lt, num_warps=warps)
+            for form, fn, want, fn_args in (
+                    ("pallas_count_ids", functools.partial(G.count_ids, grid, **shape),
+                     want_counts, (ids,)),
+                    ("pallas_class_sums", functools.partial(G.class_sums, grid, **shape),
+                     want_sums, (ids, *sum_args))):
+                try:
+                    got = jax.jit(fn)(*fn_args)
+                    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                        if not bool(_close(g, w)):  # (on the device: the counts are GBs)
+                            raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
+                except Exception as e:  # noqa: BLE001 (a variant that fails is reported)
+                    rec = dict(benchmark="class_kernels", form=form, batch=b, **shape,
+                               error=f"{type(e).__name__}: {str(e)[:400]}")
+                    print(json.dumps(rec), flush=True)
+                    records.append(rec)
+                    continue
+                timed(form, fn, *fn_args, **shape)
+    save_records("class_kernels", records, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The class path's Pallas kernels (physics.gpu_kernels): in Pallas' interpreter on any
+backend against NumPy and the XLA forms, lowered for CUDA by JAX's Triton lowering (no GPU
+needed), the whole batch path through them against the row-by-row physics, and, where an
+NVIDIA GPU is JAX's backend, compiled on it."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_kernel import _spoiled, _tiny_full_resolution
+
+import libratio_jax as lj
+from libratio_jax.physics import formats as F
+from libratio_jax.physics import gpu_kernels as G
+from libratio_jax.physics import kernel
+from libratio_jax.physics import rowclasses as RC
+from libratio_jax.physics.kernel import evaluate_one
+from libratio_jax.physics.plan import sample_plans
+
+ON_GPU = G.available()
+
+
+def _hostile_ids(rng, b, m, l):
+    """Format ids with out-of-domain bytes mixed in, the fourth plan entirely out of domain."""
+    ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.02] = rng.choice([F.NUM_FORMATS, 13, 200, 255])
+    ids[3:4] = 255
+    return ids
+
+
+def _sum_inputs(rng, m, c, b, k=21):
+    plan_terms = rng.uniform(0.5, 2.0, (m, b, len(G.PLAN_TERMS) + F.NUM_FORMATS))
+    entries = rng.uniform(0.0, 3.0, (m, F.NUM_FORMATS, len(G.ENTRY_TERMS), c))
+    entries[:, :, 3:5] = rng.integers(0, 2, (m, F.NUM_FORMATS, 2, c))  # is_expert, valid
+    entries[:, :, 5] -= 1.5  # peaks, some negative (no row can be there)
+    table = rng.normal(size=(m, k, c, F.NUM_FORMATS))
+    return tuple(np.asarray(x, np.float32) for x in (plan_terms, entries, table))
+
+
+@pytest.mark.parametrize("b", [1, 70])  # one plan; a partial program of plans
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint8])
+def test_count_ids_equals_numpy_and_xla(b, dtype):
+    """The counting kernel (in the interpreter) counts what a NumPy loop over the class grid
+    counts and what XLA's form (``rowclasses.count_ids``) counts, out-of-domain ids in no
+    class, the grid's padding slots ignored, with ``complete`` false exactly where a row of
+    the tenant holds no format."""
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)
+    ids = _hostile_ids(np.random.default_rng(b), b, sc.num_tenants, sc.num_layers)
+    counts, complete = G.count_ids(grid, jnp.asarray(ids), dtype=dtype, interpret=True)
+    want, want_complete = G.reference_counts(grid, ids)
+    assert counts.dtype == dtype and counts.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(counts, np.float32), want)
+    np.testing.assert_array_equal(np.asarray(complete), want_complete)
+    assert 0 < want.sum() and not want_complete.all() and (b == 1 or want_complete.any())
+    xla, xla_complete = RC.count_ids(jnp.asarray(grid), jnp.asarray(ids))
+    np.testing.assert_array_equal(np.asarray(xla), want)
+    np.testing.assert_array_equal(np.asarray(xla_complete), want_complete)
+
+
+def test_class_sums_equal_numpy():
+    """The fused kernel's roofline, weighted sums, largest held entry and ``complete`` equal
+    NumPy's in float64 on the same counts (rtol 1e-5), for random terms on a grid with
+    fewer classes than the kernel's width (padded) and hostile ids."""
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)[:, :11]  # 11 classes: padded to 16 in the kernel
+    m, c = grid.shape[:2]
+    rng = np.random.default_rng(1)
+    ids = _hostile_ids(rng, 70, m, sc.num_layers)
+    args = _sum_inputs(rng, m, c, 70)
+    got = G.class_sums(grid, jnp.asarray(ids), *args, interpret=True)
+    want = G.reference_class_sums(grid, ids, *args)
+    for name in ("roofline", "sums", "peak"):
+        g, w = np.asarray(getattr(got, name)), getattr(want, name)
+        assert g.shape == w.shape, name
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.complete), want.complete)
+    assert np.any(want.peak > 0) and not want.complete.all() and want.complete.any()
+
+
+def test_kernels_lower_for_cuda():
+    """JAX's Pallas-to-Triton lowering accepts both kernels at the shapes the class path
+    uses, a full program and a partial one (exported for CUDA on this machine: no GPU
+    runs it; the Triton compiler's own checks run only on a GPU)."""
+    from jax import export
+
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)
+    m, c = grid.shape[:2]
+    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    for b in (1, 70, 4096):
+        ids = jax.ShapeDtypeStruct((b, m, sc.num_layers), jnp.uint8)
+        counted = export.export(jax.jit(lambda x: G.count_ids(grid, x, dtype=jnp.uint8)),
+                                platforms=["cuda"], disabled_checks=[triton])(ids)
+        assert "class_format_counts" in counted.mlir_module()
+        shapes = [jax.ShapeDtypeStruct(x.shape[:1] + (b,) + x.shape[2:] if i == 0 else x.shape,
+                                       jnp.float32)
+                  for i, x in enumerate(_sum_inputs(np.random.default_rng(0), m, c, 1))]
+        summed = export.export(jax.jit(lambda x, *a: G.class_sums(grid, x, *a)),
+                               platforms=["cuda"], disabled_checks=[triton])(ids, *shapes)
+        assert "class_sums" in summed.mlir_module()
+
+
+def test_fence_is_an_optimization_barrier_off_the_cpu():
+    """``native.fence`` lowers to ``lax.optimization_barrier`` for CUDA (the values it fences
+    are materialized once instead of fused into, and recomputed in, every kernel that reads
+    them) and, for the CPU, to the native fence where the extension runs, else to nothing;
+    its gradient is the identity's."""
+    from jax import export
+
+    from libratio_jax.physics import native
+
+    tree = {"a": jax.ShapeDtypeStruct((8, 4), jnp.float32),
+            "b": jax.ShapeDtypeStruct((8,), jnp.int32)}
+    fenced = jax.jit(lambda t: native.fence(t))
+    cuda = export.export(fenced, platforms=["cuda"])(tree).mlir_module()
+    assert "stablehlo.optimization_barrier" in cuda and "lj_fence" not in cuda
+    cpu = export.export(fenced, platforms=["cpu"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("lj_fence")])(tree).mlir_module()
+    assert "stablehlo.optimization_barrier" not in cpu
+    assert ("lj_fence" in cpu) == native.status().fence
+    grad = jax.grad(lambda v: jnp.sum(native.fence(v) ** 2))(jnp.arange(3.0))
+    np.testing.assert_array_equal(np.asarray(grad), [0.0, 2.0, 4.0])
+
+
+def test_batch_path_through_the_kernel_equals_row_by_row_physics(monkeypatch):
+    """``evaluate_batch`` at full resolution with the GPU's fused kernel (run here in the
+    interpreter) gives the metrics of the row-by-row physics and of the CPU's class path,
+    hostile plans included (the same tenants invalid)."""
+    sc = _tiny_full_resolution()
+    plans = _spoiled(sample_plans(sc, 24, seed=3), np.float32)
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    by_class = jax.jit(kernel.evaluate_batch)(sc, plans)
+    calls, original = [], G.class_sums
+
+    def interpreted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs, interpret=True)
+
+    monkeypatch.setattr(G, "available", lambda: True)
+    monkeypatch.setattr(G, "class_sums", interpreted)
+    fused = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)  # (a fresh trace)
+    assert calls, "the batch path did not take the kernel"
+    valid = np.asarray(by_rows.plan_valid)
+    assert 0.3 < valid.mean() < 1.0
+    np.testing.assert_array_equal(np.asarray(fused.plan_valid), valid)
+    chex.assert_trees_all_close(fused, by_rows, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(fused, by_class, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU as JAX's backend")
+@pytest.mark.parametrize("b", [1, 70, 65536 + 5])
+def test_compiled_kernels_on_the_gpu(b):
+    """On the GPU, compiled: the counts equal NumPy's (small batches) or XLA's form (large),
+    and the fused sums equal NumPy's float64 sums (rtol 1e-5)."""
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)
+    m, c = grid.shape[:2]
+    rng = np.random.default_rng(b)
+    ids = _hostile_ids(rng, b, m, sc.num_layers)
+    counts, complete = jax.jit(functools.partial(G.count_ids, grid))(jnp.asarray(ids))
+    if b < 100:
+        want, want_complete = G.reference_counts(grid, ids)
+    else:
+        want, want_complete = RC.count_ids(jnp.asarray(grid), jnp.asarray(ids))
+    np.testing.assert_array_equal(np.asarray(counts), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(complete), np.asarray(want_complete))
+    n = min(b, 1000)
+    args = _sum_inputs(rng, m, c, n)
+    got = jax.jit(functools.partial(G.class_sums, grid))(jnp.asarray(ids[:n]), *args)
+    want = G.reference_class_sums(grid, ids[:n], *args)
+    for name in ("roofline", "sums", "peak"):
+        np.testing.assert_allclose(np.asarray(getattr(got, name)), getattr(want, name),
+                                   rtol=1e-5, atol=1e-4, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.complete), want.complete)
