@@ -130,7 +130,7 @@ def _call(kernel, s: _Shape, ids, member, extra_in, out_shape, out_specs, num_wa
     from jax.experimental.pallas import triton as plgpu
 
     in_specs = [pl.BlockSpec((s.bp, s.m * s.l), lambda i, t: (i, 0)),
-                pl.BlockSpec((None, s.rows_padded, s.width), lambda i, t: (t, 0, 0))]
+                pl.BlockSpec((pl.squeezed, s.rows_padded, s.width), lambda i, t: (t, 0, 0))]
     in_specs += [spec for _, spec in extra_in]
     return pl.pallas_call(
         kernel, out_shape=out_shape, grid=(pl.cdiv(s.b, s.bp), s.m), in_specs=in_specs,
@@ -173,8 +173,8 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
         kernel, s, ids, membership(grid, s.l, s.rows_padded), [],
         (jax.ShapeDtypeStruct((s.m, s.width, F.NUM_FORMATS, s.b), dtype),
          jax.ShapeDtypeStruct((s.m, s.b), jnp.int32)),
-        [pl.BlockSpec((None, s.width, F.NUM_FORMATS, s.bp), lambda i, t: (t, 0, 0, i)),
-         pl.BlockSpec((None, s.bp), lambda i, t: (t, i))],
+        [pl.BlockSpec((pl.squeezed, s.width, F.NUM_FORMATS, s.bp), lambda i, t: (t, 0, 0, i)),
+         pl.BlockSpec((pl.squeezed, s.bp), lambda i, t: (t, i))],
         num_warps, interpret, "class_format_counts")
     return (counts[:, :s.c] if s.width != s.c else counts), _complete(grid, s.l, counted)
 
@@ -251,17 +251,17 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
         plgpu.store(counted_ref.at[:], total.astype(jnp.int32), mask=plan_ok)
         plgpu.store(sums_ref.at[:, :], sums.T, mask=plan_ok[None, :])
 
-    per_plan = pl.BlockSpec((None, s.bp), lambda i, t: (t, i))
+    per_plan = pl.BlockSpec((pl.squeezed, s.bp), lambda i, t: (t, i))
     roof, sums, peak, counted = _call(
         kernel, s, ids, membership(grid, s.l, s.rows_padded),
-        [(plan_terms, pl.BlockSpec((None, s.bp, n_plan), lambda i, t: (t, i, 0))),
-         (entries, pl.BlockSpec((None, nf * n_entry, s.width), lambda i, t: (t, 0, 0))),
-         (table, pl.BlockSpec((None, nf * s.width, kp), lambda i, t: (t, 0, 0)))],
+        [(plan_terms, pl.BlockSpec((pl.squeezed, s.bp, n_plan), lambda i, t: (t, i, 0))),
+         (entries, pl.BlockSpec((pl.squeezed, nf * n_entry, s.width), lambda i, t: (t, 0, 0))),
+         (table, pl.BlockSpec((pl.squeezed, nf * s.width, kp), lambda i, t: (t, 0, 0)))],
         (jax.ShapeDtypeStruct((s.m, s.b), jnp.float32),
          jax.ShapeDtypeStruct((s.m, kp, s.b), jnp.float32),
          jax.ShapeDtypeStruct((s.m, s.b), jnp.float32),
          jax.ShapeDtypeStruct((s.m, s.b), jnp.int32)),
-        [per_plan, pl.BlockSpec((None, kp, s.bp), lambda i, t: (t, 0, i)), per_plan, per_plan],
+        [per_plan, pl.BlockSpec((pl.squeezed, kp, s.bp), lambda i, t: (t, 0, i)), per_plan, per_plan],
         num_warps, interpret, "class_sums")
     return ClassSums(roof, sums[:, :k], peak, _complete(grid, s.l, counted))
 
