@@ -75,11 +75,48 @@ def _close(got, want):
     return jnp.all(jnp.abs(got - want) <= 1e-3 + 1e-5 * jnp.abs(want))
 
 
+def evaluate_parity(n: int) -> dict:
+    """``lj.evaluate``'s metrics of ``n`` plans (a format per row, a fifth of them spoiled:
+    out-of-domain ids and degrees) with the Pallas kernel and with XLA's class path (the
+    kernel turned off for the second trace): the largest relative difference per field."""
+    from libratio_jax.physics.plan import sample_plans
+
+    sc = lj.reference_scenario()
+    plans = sample_plans(sc, n, seed=5)
+    prec = np.asarray(plans.precision).copy()
+    rng = np.random.default_rng(5)
+    spoil = (rng.random(prec.shape) < 0.002) & (np.arange(n) % 5 == 0)[:, None, None]
+    prec[spoil] = 200
+    tp = np.asarray(plans.tp).copy()
+    tp[1::7, 0] = 3
+    plans = jax.tree.map(jnp.asarray, plans.replace(precision=prec, tp=tp))
+    run = functools.partial(lj.evaluate, validate=False)
+    fused = jax.block_until_ready(jax.jit(lambda s, p: run(s, p))(sc, plans))
+    available, G.available = G.available, lambda: False
+    try:
+        xla = jax.block_until_ready(jax.jit(lambda s, p: run(s, p))(sc, plans))
+    finally:
+        G.available = available
+    worst = {}
+    for name in type(fused).__dataclass_fields__:
+        a, b = getattr(fused, name), getattr(xla, name)
+        if a is None:
+            continue
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        worst[name] = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30), initial=0.0))
+    return dict(benchmark="class_kernels", form="evaluate_parity", plans=n,
+                valid_fraction=float(np.mean(np.asarray(fused.plan_valid))),
+                largest_relative_difference=max(worst.values()),
+                worst_field=max(worst, key=worst.get), per_field=worst)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1 << 20)
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--evaluate-parity", type=int, default=0, metavar="PLANS",
+                    help="also compare lj.evaluate's metrics with the kernel and without it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     grid, ids, sum_args = _inputs(args.batch)
@@ -123,6 +160,9 @@ def main() -> None:
                     records.append(rec)
                     continue
                 timed(form, fn, *fn_args, **shape)
+    if args.evaluate_parity and G.available():
+        records.append(evaluate_parity(args.evaluate_parity))
+        print(json.dumps(records[-1]), flush=True)
     save_records("class_kernels", records, args.out)
 
 
