@@ -123,7 +123,8 @@ def main(argv=None) -> None:
                     "layer_stability": args.layer_stability,
                     "fence": ("native (CPU)" if not off_cpu else
                               "none" if args.no_barrier else "optimization_barrier"),
-                    "class_path": ("pallas" if gpu_kernels.available() else "xla"),
+                    "class_path": ("pallas" if gpu_kernels.available() and sc.row_classes
+                                   is not None else "xla" if off_cpu else "cpu"),
                     "plans_per_second": round(args.batch / run_s, 1),
                     "kernel_microseconds": round(total, 1),
                     "kernels": sum(n for _, n in times.values())})

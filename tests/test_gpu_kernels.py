@@ -23,6 +23,43 @@ from libratio_jax.physics.plan import sample_plans
 ON_GPU = G.available()
 
 
+def _reference_counts(grid, ids) -> tuple[np.ndarray, np.ndarray]:
+    """``gpu_kernels.count_ids`` in plain NumPy: ``(counts float32[M, C, F, B], complete
+    bool[M, B])``."""
+    grid, ids = np.asarray(grid), np.asarray(ids)
+    b, m, l = ids.shape
+    counts = np.zeros((m, grid.shape[1], F.NUM_FORMATS, b), np.float32)
+    counted = np.zeros((m, b), np.int64)
+    for t in range(m):
+        for c in range(grid.shape[1]):
+            for row in grid[t, c]:
+                if row >= l:
+                    continue
+                f = ids[:, t, row].astype(np.int64)
+                ok = f < F.NUM_FORMATS
+                np.add.at(counts[t, c], (f[ok], np.nonzero(ok)[0]), 1.0)
+                counted[t] += ok
+    return counts, counted == (grid < l).sum(axis=(1, 2))[:, None]
+
+
+def _reference_class_sums(grid, ids, plan_terms, entries, table) -> G.ClassSums:
+    """``gpu_kernels.class_sums`` in plain NumPy (float64)."""
+    counts, complete = _reference_counts(grid, ids)
+    n = counts.astype(np.float64)  # [M, C, F, B]
+    p = np.asarray(plan_terms, np.float64)  # [M, B, 4 + F]
+    e = np.moveaxis(np.asarray(entries, np.float64), 1, 2)  # [M, 6, F, C]
+    e = np.swapaxes(e, 2, 3)[..., None]  # [M, 6, C, F, 1]
+    work, hbm, reads, expert_reads = (p[:, None, None, :, j] for j in range(4))  # [M,1,1,B]
+    spf = np.moveaxis(p[:, :, 4:], 1, 2)[:, None]  # [M, 1, F, B]
+    flops, weight, io, expert, valid, top = (e[:, j] for j in range(6))
+    traffic = np.where(expert > 0, expert_reads, reads) * weight + work * io
+    seconds = np.maximum(work * flops * spf, traffic / hbm)
+    roof = np.sum(n * np.where(valid > 0, seconds, 0.0), axis=(1, 2))
+    peak = np.maximum(np.max(np.where(n > 0, top, 0.0), axis=(1, 2)), 0.0)
+    sums = np.einsum("mkcf,mcfb->mkb", np.asarray(table, np.float64), n)
+    return G.ClassSums(roof, sums, peak, complete)
+
+
 def _hostile_ids(rng, b, m, l):
     """Format ids with out-of-domain bytes mixed in, the fourth plan entirely out of domain."""
     ids = rng.integers(0, F.NUM_FORMATS, (b, m, l)).astype(np.uint8)
@@ -42,16 +79,17 @@ def _sum_inputs(rng, m, c, b, k=21):
 
 @pytest.mark.parametrize("b", [1, 70])  # one plan; a partial program of plans
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint8])
-def test_count_ids_equals_numpy_and_xla(b, dtype):
+@pytest.mark.parametrize("classes", [16, 11])  # 11: padded to 16 in the kernel, sliced back
+def test_count_ids_equals_numpy_and_xla(b, dtype, classes):
     """The counting kernel (in the interpreter) counts what a NumPy loop over the class grid
     counts and what XLA's form (``rowclasses.count_ids``) counts, out-of-domain ids in no
     class, the grid's padding slots ignored, with ``complete`` false exactly where a row of
     the tenant holds no format."""
     sc = lj.reference_scenario()
-    grid = np.asarray(sc.row_classes)
+    grid = np.asarray(sc.row_classes)[:, :classes]
     ids = _hostile_ids(np.random.default_rng(b), b, sc.num_tenants, sc.num_layers)
     counts, complete = G.count_ids(grid, jnp.asarray(ids), dtype=dtype, interpret=True)
-    want, want_complete = G.reference_counts(grid, ids)
+    want, want_complete = _reference_counts(grid, ids)
     assert counts.dtype == dtype and counts.shape == want.shape
     np.testing.assert_array_equal(np.asarray(counts, np.float32), want)
     np.testing.assert_array_equal(np.asarray(complete), want_complete)
@@ -72,13 +110,60 @@ def test_class_sums_equal_numpy():
     ids = _hostile_ids(rng, 70, m, sc.num_layers)
     args = _sum_inputs(rng, m, c, 70)
     got = G.class_sums(grid, jnp.asarray(ids), *args, interpret=True)
-    want = G.reference_class_sums(grid, ids, *args)
+    want = _reference_class_sums(grid, ids, *args)
     for name in ("roofline", "sums", "peak"):
         g, w = np.asarray(getattr(got, name)), getattr(want, name)
         assert g.shape == w.shape, name
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=name)
     np.testing.assert_array_equal(np.asarray(got.complete), want.complete)
     assert np.any(want.peak > 0) and not want.complete.all() and want.complete.any()
+
+
+def test_calls_of_at_most_max_plans_join_to_one(monkeypatch):
+    """A batch larger than ``MAX_PLANS_PER_CALL`` runs as several kernel calls (JAX's Triton
+    lowering indexes with 32-bit offsets): the joined outputs equal one call's, plan for
+    plan, for both kernels (here with calls of 64 plans, the last one partial)."""
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)
+    m, c = grid.shape[:2]
+    rng = np.random.default_rng(7)
+    ids = jnp.asarray(_hostile_ids(rng, 150, m, sc.num_layers))
+    args = _sum_inputs(rng, m, c, 150)
+    whole = (G.count_ids(grid, ids, interpret=True),
+             G.class_sums(grid, ids, *args, interpret=True))
+    calls = []
+    monkeypatch.setattr(G, "MAX_PLANS_PER_CALL", 64)
+    monkeypatch.setattr(G, "_call", lambda *a, _call=G._call: calls.append(1) or _call(*a))
+    split = (G.count_ids(grid, ids, interpret=True),
+             G.class_sums(grid, ids, *args, interpret=True))
+    assert len(calls) == 6  # 3 calls of each kernel: 64 + 64 + 22 plans
+    chex.assert_trees_all_equal(split, whole)
+
+
+def test_format_counts_count_with_the_kernel_on_a_gpu(monkeypatch):
+    """Where the kernels are available (patched here, interpreted), ``rowclasses.format_counts``
+    off the CPU's native kernel counts with ``gpu_kernels.count_ids``, in the dtype asked for
+    (``compact``: uint8), and gets the counts and ``complete`` of XLA's form."""
+    from libratio_jax.physics import native
+
+    sc = lj.reference_scenario()
+    grid = jnp.asarray(sc.row_classes)
+    ids = _hostile_ids(np.random.default_rng(8), 40, sc.num_tenants, sc.num_layers)
+    want, want_complete = RC.count_ids(grid, jnp.asarray(ids))
+    original, calls = G.count_ids, []
+
+    def interpreted(*a, **kw):
+        calls.append(kw.get("dtype"))
+        return original(*a, **kw, interpret=True)
+
+    monkeypatch.setattr(native, "status", lambda: native.NativeStatus(
+        False, False, False, False, False, False, "off for this test"))
+    monkeypatch.setattr(G, "available", lambda: True)
+    monkeypatch.setattr(G, "count_ids", interpreted)
+    counts, complete = RC.format_counts(grid, ids, with_complete=True, compact=True)
+    assert calls == [jnp.uint8] and counts.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(counts, np.float32), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(complete), np.asarray(want_complete))
 
 
 def test_kernels_lower_for_cuda():
@@ -126,6 +211,22 @@ def test_fence_is_an_optimization_barrier_off_the_cpu():
     np.testing.assert_array_equal(np.asarray(grad), [0.0, 2.0, 4.0])
 
 
+def test_batch_path_lowers_for_cuda_with_the_kernel(monkeypatch):
+    """``evaluate_batch`` at full resolution, as a GPU host would trace it (the kernel
+    available), lowers for CUDA: the fused kernel in it, the fences as barriers, no native
+    CPU kernel."""
+    from jax import export
+
+    monkeypatch.setattr(G, "available", lambda: True)
+    sc = lj.reference_scenario()
+    plans = jax.tree.map(jnp.asarray, sample_plans(sc, 100, seed=0))
+    fn = jax.jit(functools.partial(kernel.evaluate_batch, layer_stability=True))
+    text = export.export(fn, platforms=["cuda"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(sc, plans).mlir_module()
+    assert "class_sums" in text and "stablehlo.optimization_barrier" in text
+    assert "custom_call @lj_" not in text
+
+
 def test_batch_path_through_the_kernel_equals_row_by_row_physics(monkeypatch):
     """``evaluate_batch`` at full resolution with the GPU's fused kernel (run here in the
     interpreter) gives the metrics of the row-by-row physics and of the CPU's class path,
@@ -163,7 +264,7 @@ def test_compiled_kernels_on_the_gpu(b):
     ids = _hostile_ids(rng, b, m, sc.num_layers)
     counts, complete = jax.jit(functools.partial(G.count_ids, grid))(jnp.asarray(ids))
     if b < 100:
-        want, want_complete = G.reference_counts(grid, ids)
+        want, want_complete = _reference_counts(grid, ids)
     else:
         want, want_complete = RC.count_ids(jnp.asarray(grid), jnp.asarray(ids))
     np.testing.assert_array_equal(np.asarray(counts), np.asarray(want))
@@ -171,7 +272,7 @@ def test_compiled_kernels_on_the_gpu(b):
     n = min(b, 1000)
     args = _sum_inputs(rng, m, c, n)
     got = jax.jit(functools.partial(G.class_sums, grid))(jnp.asarray(ids[:n]), *args)
-    want = G.reference_class_sums(grid, ids[:n], *args)
+    want = _reference_class_sums(grid, ids[:n], *args)
     for name in ("roofline", "sums", "peak"):
         np.testing.assert_allclose(np.asarray(getattr(got, name)), getattr(want, name),
                                    rtol=1e-5, atol=1e-4, err_msg=name)

@@ -36,7 +36,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from libratio_jax.physics import formats as F
 
@@ -46,6 +45,11 @@ from libratio_jax.physics import formats as F
 PLANS_PER_PROGRAM = 64  # plans a program counts (a power of 2)
 ROWS_PER_TILE = 64  # rows read per step, one product per format (a power of 2, >= 16)
 NUM_WARPS = 4
+# Plans per kernel call: a larger batch runs as several calls, each on a slice of the plans.
+# JAX's Triton lowering indexes an operand with 32-bit offsets (in elements) up to 2**32
+# bytes, so a one-byte operand of more than 2**31 bytes (ids of more than ~1.35 M plans of
+# the reference scenario) would overflow; 2**20 plans keep every operand under 2**31 bytes.
+MAX_PLANS_PER_CALL = 1 << 20
 # Per entry, what class_sums' roofline reads (``entries [M, F, ENTRY_TERMS, C]``)
 ENTRY_TERMS = ("flops_per_token", "weight_bytes", "io_bytes_per_token", "is_expert", "valid",
                "peak")
@@ -149,6 +153,14 @@ def _complete(grid, l: int, counted):
     return counted == sizes[:, None]
 
 
+def _in_calls(call, ids):
+    """``call(ids_slice, start)`` on slices of at most ``MAX_PLANS_PER_CALL`` plans of ``ids
+    [B, ...]`` (``start`` the slice's first plan), its outputs (the plans last) joined."""
+    parts = [call(ids[start:start + MAX_PLANS_PER_CALL], start)
+             for start in range(0, ids.shape[0], MAX_PLANS_PER_CALL)]
+    return tuple(jnp.concatenate(xs, axis=-1) for xs in zip(*parts, strict=True))
+
+
 def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PER_PROGRAM,
               rows_per_tile: int = ROWS_PER_TILE, num_warps: int = NUM_WARPS,
               interpret: bool = False):
@@ -160,6 +172,10 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    opts = dict(dtype=dtype, plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
+                num_warps=num_warps, interpret=interpret)
+    if ids.shape[0] > MAX_PLANS_PER_CALL:
+        return _in_calls(lambda i, _: count_ids(grid, i, **opts), ids)
     grid = jnp.asarray(grid, jnp.int32)
     s = _shape(grid, ids, plans_per_program, rows_per_tile)
 
@@ -209,6 +225,12 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    if ids.shape[0] > MAX_PLANS_PER_CALL:
+        opts = dict(plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
+                    num_warps=num_warps, interpret=interpret)
+        return ClassSums(*_in_calls(
+            lambda i, start: class_sums(grid, i, jax.lax.slice_in_dim(
+                plan_terms, start, start + i.shape[0], axis=1), entries, table, **opts), ids))
     grid = jnp.asarray(grid, jnp.int32)
     s = _shape(grid, ids, plans_per_program, rows_per_tile)
     nf, k = F.NUM_FORMATS, table.shape[1]
@@ -268,40 +290,3 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
          per_plan],
         num_warps, interpret, "class_sums")
     return ClassSums(roof, sums[:, :k], peak, _complete(grid, s.l, counted))
-
-
-def reference_counts(grid, ids) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`count_ids` in plain NumPy, for tests: ``(counts float32[M, C, F, B], complete
-    bool[M, B])``."""
-    grid, ids = np.asarray(grid), np.asarray(ids)
-    b, m, l = ids.shape
-    counts = np.zeros((m, grid.shape[1], F.NUM_FORMATS, b), np.float32)
-    counted = np.zeros((m, b), np.int64)
-    for t in range(m):
-        for c in range(grid.shape[1]):
-            for row in grid[t, c]:
-                if row >= l:
-                    continue
-                f = ids[:, t, row].astype(np.int64)
-                ok = f < F.NUM_FORMATS
-                np.add.at(counts[t, c], (f[ok], np.nonzero(ok)[0]), 1.0)
-                counted[t] += ok
-    return counts, counted == (grid < l).sum(axis=(1, 2))[:, None]
-
-
-def reference_class_sums(grid, ids, plan_terms, entries, table) -> ClassSums:
-    """:func:`class_sums` in plain NumPy (float64), for tests."""
-    counts, complete = reference_counts(grid, ids)
-    n = counts.astype(np.float64)  # [M, C, F, B]
-    p = np.asarray(plan_terms, np.float64)  # [M, B, 4 + F]
-    e = np.moveaxis(np.asarray(entries, np.float64), 1, 2)  # [M, 6, F, C]
-    e = np.swapaxes(e, 2, 3)[..., None]  # [M, 6, C, F, 1]
-    work, hbm, reads, expert_reads = (p[:, None, None, :, j] for j in range(4))  # [M,1,1,B]
-    spf = np.moveaxis(p[:, :, 4:], 1, 2)[:, None]  # [M, 1, F, B]
-    flops, weight, io, expert, valid, top = (e[:, j] for j in range(6))
-    traffic = np.where(expert > 0, expert_reads, reads) * weight + work * io
-    seconds = np.maximum(work * flops * spf, traffic / hbm)
-    roof = np.sum(n * np.where(valid > 0, seconds, 0.0), axis=(1, 2))
-    peak = np.maximum(np.max(np.where(n > 0, top, 0.0), axis=(1, 2)), 0.0)
-    sums = np.einsum("mkcf,mcfb->mkb", np.asarray(table, np.float64), n)
-    return ClassSums(roof, sums, peak, complete)

@@ -740,8 +740,9 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
     class of its own (:func:`_by_class`), its sums picked from the rows' formats with no
     counts (:func:`_picked_row_sums`), else :func:`evaluate_one` per plan; chunked on CPU
     (:func:`map_chunks`), the per-row ``layer_stability [B, M, L]`` after the chunks
-    (:func:`rows_layer_stability`). ``layer_stability=False`` leaves that field None (the
-    class path then reads each row once, to count it)."""
+    (:func:`rows_layer_stability`). On an NVIDIA GPU a full-resolution batch is counted and
+    summed by one Pallas kernel (:func:`_gpu_class_row_sums`). ``layer_stability=False``
+    leaves that field None (the class path then reads each row once, to count it)."""
     m, l = scenario.num_tenants, scenario.num_layers
     if not _by_class(scenario):
         def chunk(p):
@@ -774,7 +775,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                 sums, complete = _picked_row_sums(scenario, rows, tables, picks, grid, fields,
                                                   format_ids(precision), start, **opts)
                 counts = None  # (read by no metric when the sums are given)
-            elif gpu_kernels.available():  # (no chunks off the CPU: the whole batch)
+            elif start is None and gpu_kernels.available():  # (a GPU runs no chunks)
                 sums, complete = _gpu_class_row_sums(scenario, rows, tables, grid, fields,
                                                      format_ids(precision))
                 counts = None

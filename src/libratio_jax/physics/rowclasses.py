@@ -129,12 +129,12 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
     counts as ``native.counts_dtype`` (uint8 where no class has more than 255 rows), for
     consumers that convert them where they read them."""
     counts, complete = native.format_counts(grid, format_ids(precision),
-                                            _xla_counter(grid, compact), start, size,
+                                            _counter(grid, compact), start, size,
                                             compact=compact)
     return (counts, complete) if with_complete else counts
 
 
-def _xla_counter(grid, compact: bool):
+def _counter(grid, compact: bool):
     """What counts off the CPU's native kernel: on an NVIDIA GPU the Pallas kernel
     (``physics.gpu_kernels``, writing the counts in the dtype asked for), else
     :func:`count_ids`."""
