@@ -2,7 +2,8 @@
 GPU through the device tool): the reference scenario's plans as one-byte format ids
 ``[B, 4, 399]``, timed as jitted calls (``common.time_jitted``).
 
-    python benchmarks/class_kernels.py [--batch 1048576] [--variants] [--out FILE]
+    python benchmarks/class_kernels.py [--batch 1048576] [--variants]
+                                       [--evaluate-parity PLANS] [--interpret] [--out FILE]
 
 One JSON line per form: ``form``, ``batch``, ``milliseconds`` (median), ``plans_per_second``,
 ``bytes_per_second`` (the plans' bytes over the time: against the device's memory bandwidth),
@@ -10,10 +11,14 @@ One JSON line per form: ``form``, ``batch``, ``milliseconds`` (median), ``plans_
 and ``num_warps``. Forms: ``read_plans`` (a sum over every byte: the floor of any form that
 reads the plans), ``xla_count_ids`` (``rowclasses.count_ids``, XLA's counts), on an NVIDIA GPU
 ``pallas_count_ids`` and ``pallas_class_sums`` (``physics.gpu_kernels``: the counts, and the
-fused counts-roofline-sums kernel the batch path runs there), each at the module's defaults;
+fused counts-roofline-sums kernel the batch path runs there) and
+``stacked_count_ids`` (a candidate counting form, below), each at the module's defaults;
 ``--variants`` times each Pallas kernel at other program shapes too. Before timing, each
 Pallas form is checked against XLA's counts (the counts exactly; the sums against the same
 sums of XLA's counts, rtol 1e-5) and a form that differs is reported and not timed.
+``--evaluate-parity PLANS`` adds ``lj.evaluate``'s metrics with the kernel against XLA's class
+path (:func:`evaluate_parity`); ``--interpret`` runs the Pallas forms in Pallas' interpreter
+on any backend (the tests' smoke run of this script).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics import gpu_kernels as G  # noqa: E402
 from libratio_jax.physics import rowclasses as RC  # noqa: E402
 
-VARIANTS = ((64, 128, 4), (64, 32, 4))  # (the defaults: 64, 64, 4)
+VARIANTS = ((64, 32, 4),)  # (the defaults: 64, 64, 4; 128-row tiles measured in the 30th round)
 
 
 def _inputs(batch: int):
@@ -67,6 +72,54 @@ def _xla_sums(grid, ids, plan_terms, entries, table):
     peak = jnp.maximum(jnp.max(jnp.where(counts > 0, top, 0.0), axis=(1, 2)), 0.0)
     sums = jnp.einsum("mkcf,mcfb->mkb", table, counts, precision=jax.lax.Precision.HIGHEST)
     return G.ClassSums(roof, sums, peak, complete)
+
+
+STACKED_FORMATS = 16  # the stacked form's one-hot rows per plan (the 12 formats, padded)
+
+
+def stacked_count_ids(grid, ids, *, plans_per_program: int = 16, rows_per_tile: int = 64,
+                      num_warps: int = 4, interpret: bool = False):
+    """A candidate counting form, not in the library (``stacked_count_ids`` below): per tile,
+    ONE product ``[formats x plans, rows] x [rows, classes]`` of the one-hots of all formats
+    stacked (format-major rows), instead of the library's one product per format
+    (``gpu_kernels._count``). Same counts and ``complete`` as ``gpu_kernels.count_ids``
+    (float32), for the next GPU session to time against it."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    grid = jnp.asarray(grid, jnp.int32)
+    s = G._shape(grid, ids, plans_per_program, rows_per_tile)
+    nf = STACKED_FORMATS
+
+    def kernel(ids_ref, member_ref, counts_ref, counted_ref):
+        i, t = pl.program_id(0), pl.program_id(1)
+        plan_ok = i * s.bp + jnp.arange(s.bp) < s.b
+        acc = jnp.zeros((nf * s.bp, s.width), jnp.float32)
+        for k in range(s.rows_padded // s.lt):
+            row_ok = k * s.lt + jnp.arange(s.lt) < s.l
+            x = plgpu.load(ids_ref.at[:, pl.ds(t * s.l + k * s.lt, s.lt)],
+                           mask=plan_ok[:, None] & row_ok[None, :], other=F.NO_FORMAT)
+            codes = jnp.arange(nf, dtype=jnp.int32).astype(jnp.uint8)[:, None, None]
+            hot = (x[None, :, :] == codes).astype(jnp.bfloat16)  # [nf, bp, lt]
+            acc = acc + jnp.dot(hot.reshape(nf * s.bp, s.lt),
+                                member_ref[pl.ds(k * s.lt, s.lt), :],
+                                preferred_element_type=jnp.float32)
+        by_format = acc.reshape(nf, s.bp, s.width)
+        plgpu.store(counts_ref.at[:, :, :], jnp.transpose(by_format, (0, 2, 1)),
+                    mask=plan_ok[None, None, :])
+        formats_ok = (jnp.arange(nf) < F.NUM_FORMATS)[:, None, None]
+        total = jnp.sum(jnp.sum(jnp.where(formats_ok, by_format, 0.0), axis=2), axis=0)
+        plgpu.store(counted_ref.at[:], total.astype(jnp.int32), mask=plan_ok)
+
+    counts, counted = G._call(
+        kernel, s, ids, G.membership(grid, s.l, s.rows_padded), [],
+        (jax.ShapeDtypeStruct((s.m, nf, s.width, s.b), jnp.float32),
+         jax.ShapeDtypeStruct((s.m, s.b), jnp.int32)),
+        [pl.BlockSpec((pl.squeezed, nf, s.width, s.bp), lambda i, t: (t, 0, 0, i)),
+         pl.BlockSpec((pl.squeezed, s.bp), lambda i, t: (t, i))],
+        num_warps, interpret, "stacked_format_counts")
+    counts = jnp.swapaxes(counts[:, :F.NUM_FORMATS, :s.c], 1, 2)  # [M, C, F, b]
+    return counts, G._complete(grid, s.l, counted)
 
 
 @jax.jit
@@ -110,15 +163,24 @@ def evaluate_parity(n: int) -> dict:
                 worst_field=max(worst, key=worst.get), per_field=worst)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1 << 20)
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--evaluate-parity", type=int, default=0, metavar="PLANS",
                     help="also compare lj.evaluate's metrics with the kernel and without it")
+    ap.add_argument("--interpret", action="store_true",
+                    help="the Pallas forms in Pallas' interpreter, on any backend (a smoke "
+                         "test of this script; its timings mean nothing)")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    stacked_form = stacked_count_ids
+    if args.interpret:
+        for name in ("count_ids", "class_sums"):
+            setattr(G, name, functools.partial(getattr(G, name), interpret=True))
+        G.available = lambda: True
+        stacked_form = functools.partial(stacked_count_ids, interpret=True)
     grid, ids, sum_args = _inputs(args.batch)
     b = args.batch
     records = []
@@ -143,23 +205,26 @@ def main() -> None:
         shapes += list(VARIANTS) if args.variants else []
         for bp, lt, warps in shapes:
             shape = dict(plans_per_program=bp, rows_per_tile=lt, num_warps=warps)
-            for form, fn, want, fn_args in (
+            stacked = dict(shape, plans_per_program=max(bp // 4, 16))  # x 16 one-hot rows
+            for form, fn, want, fn_args, form_shape in (
                     ("pallas_count_ids", functools.partial(G.count_ids, grid, **shape),
-                     want_counts, (ids,)),
+                     want_counts, (ids,), shape),
                     ("pallas_class_sums", functools.partial(G.class_sums, grid, **shape),
-                     want_sums, (ids, *sum_args))):
+                     want_sums, (ids, *sum_args), shape),
+                    ("stacked_count_ids", functools.partial(stacked_form, grid, **stacked),
+                     want_counts, (ids,), stacked)):
                 try:
                     got = jax.jit(fn)(*fn_args)
                     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
                         if not bool(_close(g, w)):  # (on the device: the counts are GBs)
                             raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
                 except Exception as e:  # noqa: BLE001 (a variant that fails is reported)
-                    rec = dict(benchmark="class_kernels", form=form, batch=b, **shape,
+                    rec = dict(benchmark="class_kernels", form=form, batch=b, **form_shape,
                                error=f"{type(e).__name__}: {str(e)[:400]}")
                     print(json.dumps(rec), flush=True)
                     records.append(rec)
                     continue
-                timed(form, fn, *fn_args, **shape)
+                timed(form, fn, *fn_args, **form_shape)
     if args.evaluate_parity and G.available():
         records.append(evaluate_parity(args.evaluate_parity))
         print(json.dumps(records[-1]), flush=True)

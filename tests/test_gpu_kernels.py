@@ -277,3 +277,27 @@ def test_compiled_kernels_on_the_gpu(b):
         np.testing.assert_allclose(np.asarray(getattr(got, name)), getattr(want, name),
                                    rtol=1e-5, atol=1e-4, err_msg=name)
     np.testing.assert_array_equal(np.asarray(got.complete), want.complete)
+
+
+def test_class_kernels_benchmark_runs_every_form(tmp_path):
+    """``benchmarks/class_kernels.py --interpret`` (the GPU session's per-form step, here in
+    Pallas' interpreter): every form passes its check against XLA's counts and is timed (the
+    candidate stacked form too), and ``lj.evaluate`` with the kernel equals XLA's class path
+    (what the script checks before it times a form on the device)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = tmp_path / "class_kernels.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "class_kernels.py"),
+                    "--batch", "70", "--repeats", "1", "--interpret", "--evaluate-parity", "24",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    records = json.loads(out.read_text())
+    assert not [r for r in records if "error" in r]
+    forms = {r["form"] for r in records}
+    assert forms == {"read_plans", "xla_count_ids", "pallas_count_ids", "pallas_class_sums",
+                     "stacked_count_ids", "evaluate_parity"}
+    parity = next(r for r in records if r["form"] == "evaluate_parity")
+    assert parity["largest_relative_difference"] < 1e-5 and 0.5 < parity["valid_fraction"] < 1
