@@ -142,8 +142,9 @@ def test_calls_of_at_most_max_plans_join_to_one(monkeypatch):
 
 def test_format_counts_count_with_the_kernel_on_a_gpu(monkeypatch):
     """Where the kernels are available (patched here, interpreted), ``rowclasses.format_counts``
-    off the CPU's native kernel counts with ``gpu_kernels.count_ids``, in the dtype asked for
-    (``compact``: uint8), and gets the counts and ``complete`` of XLA's form."""
+    off the CPU's native kernel counts with ``gpu_kernels.count_ids`` in a program lowered for
+    ``gpu_kernels.PLATFORMS`` (else with XLA's form), in the dtype asked for (``compact``:
+    uint8), and gets the counts and ``complete`` of XLA's form."""
     from libratio_jax.physics import native
 
     sc = lj.reference_scenario()
@@ -160,10 +161,14 @@ def test_format_counts_count_with_the_kernel_on_a_gpu(monkeypatch):
         False, False, False, False, False, False, "off for this test"))
     monkeypatch.setattr(G, "available", lambda: True)
     monkeypatch.setattr(G, "count_ids", interpreted)
-    counts, complete = RC.format_counts(grid, ids, with_complete=True, compact=True)
-    assert calls == [jnp.uint8] and counts.dtype == jnp.uint8
-    np.testing.assert_array_equal(np.asarray(counts, np.float32), np.asarray(want))
-    np.testing.assert_array_equal(np.asarray(complete), np.asarray(want_complete))
+    for platforms in (("cuda",), ("cuda", "cpu")):  # lowered for the CPU: XLA's form; the kernel
+        monkeypatch.setattr(G, "PLATFORMS", platforms)
+        calls.clear()
+        counts, complete = jax.jit(functools.partial(
+            RC.format_counts, with_complete=True, compact=True))(grid, jnp.asarray(ids))
+        assert calls == [jnp.uint8] and counts.dtype == jnp.uint8
+        np.testing.assert_array_equal(np.asarray(counts, np.float32), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(complete), np.asarray(want_complete))
 
 
 def test_kernels_lower_for_cuda():
@@ -230,7 +235,9 @@ def test_batch_path_lowers_for_cuda_with_the_kernel(monkeypatch):
 def test_batch_path_through_the_kernel_equals_row_by_row_physics(monkeypatch):
     """``evaluate_batch`` at full resolution with the GPU's fused kernel (run here in the
     interpreter) gives the metrics of the row-by-row physics and of the CPU's class path,
-    hostile plans included (the same tenants invalid)."""
+    hostile plans included (the same tenants invalid). Where the kernels are available but
+    the program is lowered for a platform not in ``gpu_kernels.PLATFORMS`` (a GPU host's
+    program for the CPU), the XLA forms run, with the same metrics."""
     sc = _tiny_full_resolution()
     plans = _spoiled(sample_plans(sc, 24, seed=3), np.float32)
     by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
@@ -243,6 +250,12 @@ def test_batch_path_through_the_kernel_equals_row_by_row_physics(monkeypatch):
 
     monkeypatch.setattr(G, "available", lambda: True)
     monkeypatch.setattr(G, "class_sums", interpreted)
+    # A GPU host lowering for the CPU runs the XLA forms (the kernel is traced, not lowered)
+    elsewhere = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)
+    assert calls, "the batch path did not trace the kernel"
+    chex.assert_trees_all_close(elsewhere, by_class, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(G, "PLATFORMS", ("cuda", "cpu"))  # the kernel lowered here too
+    calls.clear()
     fused = jax.jit(lambda s, p: kernel.evaluate_batch(s, p))(sc, plans)  # (a fresh trace)
     assert calls, "the batch path did not take the kernel"
     valid = np.asarray(by_rows.plan_valid)

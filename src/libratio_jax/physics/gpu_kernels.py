@@ -62,6 +62,10 @@ def _pow2(n: int) -> int:
 
 
 ENV_SWITCH = "LIBRATIO_GPU_KERNELS"  # "0": the XLA forms on a GPU too
+# The platforms the callers lower the kernels for (``lax.platform_dependent``, chosen where a
+# program is lowered): a program lowered elsewhere on a host whose default backend is such a
+# GPU (``jax.jit(..., device=cpu)``, ``jax.default_device``) runs the XLA forms instead.
+PLATFORMS = ("cuda",)
 
 
 @functools.cache

@@ -521,7 +521,22 @@ def _gpu_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, fie
     rows and sums the roofline, the weighted terms and the largest held entry of its counts
     in registers (the XLA form wrote the counts, then ran the roofline over every entry of
     every plan: ~36 of ~38 ms of a 1,048,576-plan call on an H100). Also returns whether
-    every row of a tenant holds a format (``[M, b]``)."""
+    every row of a tenant holds a format (``[M, b]``). Lowered for another platform
+    (``gpu_kernels.PLATFORMS``), the counts and :func:`_class_row_sums` instead."""
+    def elsewhere(fields, ids):
+        counts, complete = format_counts(grid, ids, with_complete=True, compact=True)
+        return _class_row_sums(scenario, rows, tables, fields, counts), complete
+
+    def by_kernel(fields, ids):
+        return _kernel_class_row_sums(scenario, rows, tables, grid, fields, ids)
+
+    return jax.lax.platform_dependent(fields, ids, default=elsewhere,
+                                      **dict.fromkeys(gpu_kernels.PLATFORMS, by_kernel))
+
+
+def _kernel_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, fields: dict,
+                           ids) -> tuple[dict, jax.Array]:
+    """:func:`_gpu_class_row_sums` by the kernel."""
     r = _plan_factors(scenario, fields)  # [M, 1, 1, b] scalars, [M, 1, F, b] per format
     summed, (table, peaks, weights, groups) = tables
     m, c, f = rows["valid"].shape[:3]

@@ -136,12 +136,22 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
 
 def _counter(grid, compact: bool):
     """What counts off the CPU's native kernel: on an NVIDIA GPU the Pallas kernel
-    (``physics.gpu_kernels``, writing the counts in the dtype asked for), else
-    :func:`count_ids`."""
+    (``physics.gpu_kernels``, writing the counts in the dtype asked for; :func:`count_ids`
+    in a program lowered for another platform), else :func:`count_ids`."""
     if not gpu_kernels.available():
         return count_ids
     dtype = native.counts_dtype(grid) if compact else jnp.float32
-    return functools.partial(gpu_kernels.count_ids, dtype=dtype)
+
+    def by_xla(grid, ids):
+        counts, complete = count_ids(grid, ids)
+        return counts.astype(dtype), complete
+
+    def counted(grid, ids):
+        by_kernel = functools.partial(gpu_kernels.count_ids, dtype=dtype)
+        return jax.lax.platform_dependent(grid, ids, default=by_xla,
+                                          **dict.fromkeys(gpu_kernels.PLATFORMS, by_kernel))
+
+    return counted
 
 
 def format_ids(precision):
