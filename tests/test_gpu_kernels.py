@@ -119,25 +119,54 @@ def test_class_sums_equal_numpy():
     assert np.any(want.peak > 0) and not want.complete.all() and want.complete.any()
 
 
-def test_calls_of_at_most_max_plans_join_to_one(monkeypatch):
-    """A batch larger than ``MAX_PLANS_PER_CALL`` runs as several kernel calls (JAX's Triton
-    lowering indexes with 32-bit offsets): the joined outputs equal one call's, plan for
-    plan, for both kernels (here with calls of 64 plans, the last one partial)."""
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.uint8])
+def test_calls_of_at_most_max_plans_join_to_one(monkeypatch, dtype):
+    """A batch larger than a call takes (``plans_per_call``) runs as several kernel calls: the
+    joined outputs equal one call's, plan for plan, for both kernels (here with calls of 64
+    plans, the last one partial)."""
     sc = lj.reference_scenario()
     grid = np.asarray(sc.row_classes)
     m, c = grid.shape[:2]
     rng = np.random.default_rng(7)
     ids = jnp.asarray(_hostile_ids(rng, 150, m, sc.num_layers))
     args = _sum_inputs(rng, m, c, 150)
-    whole = (G.count_ids(grid, ids, interpret=True),
+    whole = (G.count_ids(grid, ids, dtype=dtype, interpret=True),
              G.class_sums(grid, ids, *args, interpret=True))
     calls = []
     monkeypatch.setattr(G, "MAX_PLANS_PER_CALL", 64)
     monkeypatch.setattr(G, "_call", lambda *a, _call=G._call: calls.append(1) or _call(*a))
-    split = (G.count_ids(grid, ids, interpret=True),
+    split = (G.count_ids(grid, ids, dtype=dtype, interpret=True),
              G.class_sums(grid, ids, *args, interpret=True))
     assert len(calls) == 6  # 3 calls of each kernel: 64 + 64 + 22 plans
     chex.assert_trees_all_equal(split, whole)
+
+
+def test_no_call_passes_32_bit_offsets():
+    """JAX's Triton lowering indexes an operand of at most 2**32 bytes with signed 32-bit
+    offsets in elements: every one-byte operand of a call (the ids; uint8 counts) stays under
+    2**31 bytes, for every preset at full resolution and twice its tenants, and a batch
+    larger than one call lowers (for CUDA) to several kernel calls."""
+    from jax import export
+
+    from libratio_jax.scenarios import PRESET_NAMES, Capacity, preset
+
+    shapes = {(s.num_tenants, s.num_layers, s.row_classes.shape[1])
+              for tenants in (4, 8) for s in
+              (preset(n, Capacity(tenants, 1024, block_groups=None)) for n in PRESET_NAMES)}
+    for m, l, c in shapes | {(4, 399, 16), (4, 723, 16), (12, 723, 32), (32, 1024, 64)}:
+        c = max(16, 1 << (c - 1).bit_length())
+        for one_byte in (m * l, m * l + m * c * F.NUM_FORMATS):
+            plans = G.plans_per_call(one_byte)
+            assert plans * one_byte < 2**31 and plans % G.PLANS_PER_PROGRAM == 0
+            assert plans == G.MAX_PLANS_PER_CALL or (plans + 64) * one_byte >= 2**31
+    sc = lj.reference_scenario()
+    grid = np.asarray(sc.row_classes)
+    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    ids = jax.ShapeDtypeStruct((G.MAX_PLANS_PER_CALL + 1, sc.num_tenants, sc.num_layers),
+                               jnp.uint8)
+    text = export.export(jax.jit(lambda x: G.count_ids(grid, x)), platforms=["cuda"],
+                         disabled_checks=[triton])(ids).mlir_module()
+    assert text.count("stablehlo.custom_call @__gpu$xla.gpu.triton") == 2
 
 
 def test_format_counts_count_with_the_kernel_on_a_gpu(monkeypatch):
@@ -169,6 +198,33 @@ def test_format_counts_count_with_the_kernel_on_a_gpu(monkeypatch):
         assert calls == [jnp.uint8] and counts.dtype == jnp.uint8
         np.testing.assert_array_equal(np.asarray(counts, np.float32), np.asarray(want))
         np.testing.assert_array_equal(np.asarray(complete), np.asarray(want_complete))
+
+
+def test_the_kernels_lower_only_for_their_platforms(monkeypatch):
+    """Where the kernels are available, a program lowered for the CPU (a GPU host's
+    ``jax.jit(..., device=cpu)``) takes XLA's forms in ``format_counts`` and in the batch path:
+    it lowers. With the CPU among ``gpu_kernels.PLATFORMS`` the same programs take the
+    kernels, which Pallas refuses to lower for the CPU outside its interpreter."""
+    from libratio_jax.physics import native
+
+    monkeypatch.setattr(G, "available", lambda: True)
+    monkeypatch.setattr(native, "status", lambda: native.NativeStatus(
+        False, False, False, False, False, False, "off for this test"))
+    sc = _tiny_full_resolution()
+    plans = jax.tree.map(jnp.asarray, sample_plans(sc, 8, seed=1))
+    grid, ids = jnp.asarray(sc.row_classes), jnp.asarray(plans.precision, jnp.uint8)
+
+    def programs():  # fresh functions: nothing from an earlier trace
+        return ((jax.jit(lambda g, i: RC.format_counts(g, i, with_complete=True,
+                                                       compact=True)), (grid, ids)),
+                (jax.jit(lambda s, p: kernel.evaluate_batch(s, p)), (sc, plans)))
+
+    for fn, args in programs():
+        assert "custom_call" not in fn.lower(*args).as_text()  # XLA's forms, no Triton call
+    monkeypatch.setattr(G, "PLATFORMS", ("cuda", "cpu"))
+    for fn, args in programs():
+        with pytest.raises(Exception, match="interpret"):
+            fn.lower(*args)
 
 
 def test_kernels_lower_for_cuda():
@@ -296,7 +352,8 @@ def test_class_kernels_benchmark_runs_every_form(tmp_path):
     """``benchmarks/class_kernels.py --interpret`` (the GPU session's per-form step, here in
     Pallas' interpreter): every form passes its check against XLA's counts and is timed (the
     candidate stacked form too), and ``lj.evaluate`` with the kernel equals XLA's class path
-    (what the script checks before it times a form on the device)."""
+    (what the script checks before it times a form on the device); the candidate form lowers
+    for CUDA."""
     import json
     import os
     import subprocess
@@ -314,3 +371,16 @@ def test_class_kernels_benchmark_runs_every_form(tmp_path):
                      "stacked_count_ids", "evaluate_parity"}
     parity = next(r for r in records if r["form"] == "evaluate_parity")
     assert parity["largest_relative_difference"] < 1e-5 and 0.5 < parity["valid_fraction"] < 1
+    # the candidate form lowers for CUDA too (in a process of its own: benchmarks/common.py)
+    lowered = subprocess.run([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, 'benchmarks'); import jax, jax.numpy as jnp\n"
+        "from jax import export; import class_kernels as ck\n"
+        "grid, _, _ = ck._inputs(1)\n"
+        "fn = jax.jit(lambda x: ck.stacked_count_ids(grid, x))\n"
+        "ids = jax.ShapeDtypeStruct((4096, 4, 399), jnp.uint8)\n"
+        "check = export.DisabledSafetyCheck.custom_call('__gpu$xla.gpu.triton')\n"
+        "text = export.export(fn, platforms=['cuda'], disabled_checks=[check])(ids)"
+        ".mlir_module()\n"
+        "print('stacked_format_counts' in text)")], cwd=root, check=True,
+        capture_output=True, text=True, timeout=300)
+    assert lowered.stdout.strip().endswith("True")

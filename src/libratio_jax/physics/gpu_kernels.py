@@ -45,11 +45,13 @@ from libratio_jax.physics import formats as F
 PLANS_PER_PROGRAM = 64  # plans a program counts (a power of 2)
 ROWS_PER_TILE = 64  # rows read per step, one product per format (a power of 2, >= 16)
 NUM_WARPS = 4
-# Plans per kernel call: a larger batch runs as several calls, each on a slice of the plans.
-# JAX's Triton lowering indexes an operand with 32-bit offsets (in elements) up to 2**32
-# bytes, so a one-byte operand of more than 2**31 bytes (ids of more than ~1.35 M plans of
-# the reference scenario) would overflow; 2**20 plans keep every operand under 2**31 bytes.
+# Plans per kernel call at most: a larger batch runs as several calls, each on a slice of the
+# plans (:func:`plans_per_call`).
 MAX_PLANS_PER_CALL = 1 << 20
+# JAX's Triton lowering indexes an operand with signed 32-bit offsets, counted in elements,
+# up to 2**32 bytes: a one-byte operand (the ids, uint8 counts) of more than 2**31 bytes
+# would overflow (wider ones have at most 2**31 elements below 2**32 bytes).
+_ONE_BYTE_LIMIT = (1 << 31) - 1
 # Per entry, what class_sums' roofline reads (``entries [M, F, ENTRY_TERMS, C]``)
 ENTRY_TERMS = ("flops_per_token", "weight_bytes", "io_bytes_per_token", "is_expert", "valid",
                "peak")
@@ -157,11 +159,24 @@ def _complete(grid, l: int, counted):
     return counted == sizes[:, None]
 
 
-def _in_calls(call, ids):
-    """``call(ids_slice, start)`` on slices of at most ``MAX_PLANS_PER_CALL`` plans of ``ids
-    [B, ...]`` (``start`` the slice's first plan), its outputs (the plans last) joined."""
-    parts = [call(ids[start:start + MAX_PLANS_PER_CALL], start)
-             for start in range(0, ids.shape[0], MAX_PLANS_PER_CALL)]
+def plans_per_call(bytes_per_plan: int, plans_per_program: int = PLANS_PER_PROGRAM) -> int:
+    """The most plans one kernel call takes: ``MAX_PLANS_PER_CALL``, fewer where a one-byte
+    operand of ``bytes_per_plan`` bytes per plan (the ids' ``M x L``; ``M x C' x F`` for
+    uint8 counts) would pass 2**31 bytes (``_ONE_BYTE_LIMIT``), in whole programs.
+
+    Example:
+        >>> from libratio_jax.physics import gpu_kernels
+        >>> gpu_kernels.plans_per_call(4 * 399), gpu_kernels.plans_per_call(4 * 723)
+        (1048576, 742528)
+    """
+    most = min(MAX_PLANS_PER_CALL, _ONE_BYTE_LIMIT // max(int(bytes_per_plan), 1))
+    return max(most // plans_per_program * plans_per_program, plans_per_program)
+
+
+def _in_calls(call, ids, size: int):
+    """``call(ids_slice, start)`` on slices of ``size`` plans of ``ids [B, ...]`` (``start``
+    the slice's first plan; the last may be shorter), its outputs (the plans last) joined."""
+    parts = [call(ids[start:start + size], start) for start in range(0, ids.shape[0], size)]
     return tuple(jnp.concatenate(xs, axis=-1) for xs in zip(*parts, strict=True))
 
 
@@ -178,8 +193,12 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
 
     opts = dict(dtype=dtype, plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
                 num_warps=num_warps, interpret=interpret)
-    if ids.shape[0] > MAX_PLANS_PER_CALL:
-        return _in_calls(lambda i, _: count_ids(grid, i, **opts), ids)
+    b, m, l = ids.shape
+    one_byte = m * l + (m * max(16, _pow2(grid.shape[1])) * F.NUM_FORMATS
+                        if jnp.dtype(dtype).itemsize == 1 else 0)
+    size = plans_per_call(one_byte, plans_per_program)
+    if b > size:
+        return _in_calls(lambda i, _: count_ids(grid, i, **opts), ids, size)
     grid = jnp.asarray(grid, jnp.int32)
     s = _shape(grid, ids, plans_per_program, rows_per_tile)
 
@@ -229,12 +248,14 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
-    if ids.shape[0] > MAX_PLANS_PER_CALL:
+    size = plans_per_call(ids.shape[1] * ids.shape[2], plans_per_program)
+    if ids.shape[0] > size:
         opts = dict(plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
                     num_warps=num_warps, interpret=interpret)
         return ClassSums(*_in_calls(
             lambda i, start: class_sums(grid, i, jax.lax.slice_in_dim(
-                plan_terms, start, start + i.shape[0], axis=1), entries, table, **opts), ids))
+                plan_terms, start, start + i.shape[0], axis=1), entries, table, **opts),
+            ids, size))
     grid = jnp.asarray(grid, jnp.int32)
     s = _shape(grid, ids, plans_per_program, rows_per_tile)
     nf, k = F.NUM_FORMATS, table.shape[1]
