@@ -59,15 +59,20 @@ ENTRY_TERMS = ("flops_per_token", "weight_bytes", "io_bytes_per_token", "is_expe
 PLAN_TERMS = ("work", "hbm_bytes_per_second", "weight_reads", "expert_weight_reads")
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 ENV_SWITCH = "LIBRATIO_GPU_KERNELS"  # "0": the XLA forms on a GPU too
 # The platforms the callers lower the kernels for (``lax.platform_dependent``, chosen where a
 # program is lowered): a program lowered elsewhere on a host whose default backend is such a
 # GPU (``jax.jit(..., device=cpu)``, ``jax.default_device``) runs the XLA forms instead.
 PLATFORMS = ("cuda",)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _width(classes: int) -> int:
+    """The classes padded to a power of 2 of at least 16 (a product's least width)."""
+    return max(16, _pow2(classes))
 
 
 @functools.cache
@@ -89,10 +94,10 @@ def available() -> bool:
 def membership(grid, num_layers: int, rows_padded: int):
     """``bfloat16[M, rows_padded, C']``: 1 where row ``l`` of tenant ``m`` is in class ``c``
     of ``grid int32[M, C, S]`` (padding slots, ``>= num_layers``, in none), ``C'`` the
-    classes padded to a power of 2 of at least 16 (a product's least width)."""
+    classes padded (:func:`_width`)."""
     grid = jnp.asarray(grid, jnp.int32)
     m, c, _ = grid.shape
-    width = max(16, _pow2(c))
+    width = _width(c)
     rows = jnp.where(grid < num_layers, grid, rows_padded)  # padding out of range: dropped
     cls = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32)[None, :, None], grid.shape)
     out = jnp.zeros((m, rows_padded, width), jnp.bfloat16)
@@ -113,7 +118,7 @@ class _Shape(NamedTuple):
 def _shape(grid, ids, plans_per_program: int, rows_per_tile: int) -> _Shape:
     b, m, l = ids.shape
     c = grid.shape[1]
-    return _Shape(b, m, l, c, max(16, _pow2(c)), plans_per_program, rows_per_tile,
+    return _Shape(b, m, l, c, _width(c), plans_per_program, rows_per_tile,
                   -(-l // rows_per_tile) * rows_per_tile)
 
 
@@ -194,7 +199,7 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
     opts = dict(dtype=dtype, plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
                 num_warps=num_warps, interpret=interpret)
     b, m, l = ids.shape
-    one_byte = m * l + (m * max(16, _pow2(grid.shape[1])) * F.NUM_FORMATS
+    one_byte = m * l + (m * _width(grid.shape[1]) * F.NUM_FORMATS
                         if jnp.dtype(dtype).itemsize == 1 else 0)
     size = plans_per_call(one_byte, plans_per_program)
     if b > size:
