@@ -70,9 +70,10 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _width(classes: int) -> int:
-    """The classes padded to a power of 2 of at least 16 (a product's least width)."""
-    return max(16, _pow2(classes))
+def _width(n: int) -> int:
+    """``n`` (classes, summed terms) padded to a power of 2 of at least 16, a product's least
+    width."""
+    return max(16, _pow2(n))
 
 
 @functools.cache
@@ -266,7 +267,7 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
     nf, k = F.NUM_FORMATS, table.shape[1]
     n_plan = _pow2(len(PLAN_TERMS) + nf)
     n_entry = _pow2(len(ENTRY_TERMS))
-    kp = max(16, _pow2(k))
+    kp = _width(k)
     pad_c = s.width - s.c
     plan_terms = jnp.pad(plan_terms.astype(jnp.float32),
                          ((0, 0), (0, 0), (0, n_plan - plan_terms.shape[2])))
