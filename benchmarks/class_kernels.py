@@ -12,6 +12,7 @@ and ``num_warps``. Forms: ``read_plans`` (a sum over every byte: the floor of an
 reads the plans), ``xla_count_ids`` (``rowclasses.count_ids``, XLA's counts), on an NVIDIA GPU
 ``pallas_count_ids`` and ``pallas_class_sums`` (``physics.gpu_kernels``: the counts, and the
 fused counts-roofline-sums kernel the batch path runs there) and
+``pallas_class_sums_loop`` (the same with the row tiles in a loop, ``loop_tiles``) and
 ``stacked_count_ids`` (a candidate counting form, below), each at the module's defaults;
 ``--variants`` times each Pallas kernel at other program shapes too. Before timing, each
 Pallas form is checked against XLA's counts (the counts exactly; the sums against the same
@@ -98,16 +99,18 @@ def stacked_count_ids(grid, ids, *, plans_per_program: int = 16, rows_per_tile: 
     def kernel(ids_ref, member_ref, counts_ref, counted_ref):
         i, t = pl.program_id(0), pl.program_id(1)
         plan_ok = i * s.bp + jnp.arange(s.bp) < s.b
-        acc = jnp.zeros((nf * s.bp, s.width), jnp.float32)
-        for k in range(s.rows_padded // s.lt):
+        def tile(k, acc):
             row_ok = k * s.lt + jnp.arange(s.lt) < s.l
             x = plgpu.load(ids_ref.at[:, pl.ds(t * s.l + k * s.lt, s.lt)],
                            mask=plan_ok[:, None] & row_ok[None, :], other=F.NO_FORMAT)
             codes = jnp.arange(nf, dtype=jnp.int32).astype(jnp.uint8)[:, None, None]
             hot = (x[None, :, :] == codes).astype(jnp.bfloat16)  # [nf, bp, lt]
-            acc = acc + jnp.dot(hot.reshape(nf * s.bp, s.lt),
-                                member_ref[pl.ds(k * s.lt, s.lt), :],
-                                preferred_element_type=jnp.float32)
+            return acc + jnp.dot(hot.reshape(nf * s.bp, s.lt),
+                                 member_ref[pl.ds(k * s.lt, s.lt), :],
+                                 preferred_element_type=jnp.float32)
+
+        acc = jax.lax.fori_loop(0, s.rows_padded // s.lt, tile,
+                                jnp.zeros((nf * s.bp, s.width), jnp.float32))
         by_format = acc.reshape(nf, s.bp, s.width)
         plgpu.store(counts_ref.at[:, :, :], jnp.transpose(by_format, (0, 2, 1)),
                     mask=plan_ok[None, None, :])
@@ -216,9 +219,13 @@ def main(argv=None) -> None:
             count = functools.partial(G.count_ids, grid, **shape)
             sums = functools.partial(G.class_sums, grid, **shape)
             stack = functools.partial(stacked_form, grid, **stacked)
+            looped = functools.partial(sums, loop_tiles=True)
             for form, fn, timed_fn, want, fn_args, form_shape in (
                     ("pallas_count_ids", count, count, want_counts, (ids,), shape),
                     ("pallas_class_sums", sums, sums, want_sums, (ids, *sum_args), shape),
+                    # the row tiles in a loop (no register spills by ptxas: kernel_sass.py)
+                    ("pallas_class_sums_loop", looped, looped, want_sums, (ids, *sum_args),
+                     shape),
                     # (timed as the kernel writes them: no copy into the others' layout)
                     ("stacked_count_ids", stack, functools.partial(stack, raw=True),
                      want_counts, (ids,), stacked)):

@@ -99,17 +99,19 @@ def test_count_ids_equals_numpy_and_xla(b, dtype, classes):
     np.testing.assert_array_equal(np.asarray(xla_complete), want_complete)
 
 
-def test_class_sums_equal_numpy():
+@pytest.mark.parametrize("loop_tiles", [False, True])
+def test_class_sums_equal_numpy(loop_tiles):
     """The fused kernel's roofline, weighted sums, largest held entry and ``complete`` equal
     NumPy's in float64 on the same counts (rtol 1e-5), for random terms on a grid with
-    fewer classes than the kernel's width (padded) and hostile ids."""
+    fewer classes than the kernel's width (padded) and hostile ids, with the row tiles
+    unrolled or in a loop."""
     sc = lj.reference_scenario()
     grid = np.asarray(sc.row_classes)[:, :11]  # 11 classes: padded to 16 in the kernel
     m, c = grid.shape[:2]
     rng = np.random.default_rng(1)
     ids = _hostile_ids(rng, 70, m, sc.num_layers)
     args = _sum_inputs(rng, m, c, 70)
-    got = G.class_sums(grid, jnp.asarray(ids), *args, interpret=True)
+    got = G.class_sums(grid, jnp.asarray(ids), *args, loop_tiles=loop_tiles, interpret=True)
     want = _reference_class_sums(grid, ids, *args)
     for name in ("roofline", "sums", "peak"):
         g, w = np.asarray(getattr(got, name)), getattr(want, name)
@@ -371,7 +373,7 @@ def test_class_kernels_benchmark_runs_every_form(tmp_path):
     assert not [r for r in records if "error" in r]
     forms = {r["form"] for r in records}
     assert forms == {"read_plans", "xla_count_ids", "pallas_count_ids", "pallas_class_sums",
-                     "stacked_count_ids", "evaluate_parity"}
+                     "pallas_class_sums_loop", "stacked_count_ids", "evaluate_parity"}
     parity = next(r for r in records if r["form"] == "evaluate_parity")
     assert parity["largest_relative_difference"] < 1e-5 and 0.5 < parity["valid_fraction"] < 1
     # the candidate form lowers for CUDA too (in a process of its own: benchmarks/common.py)
@@ -387,3 +389,24 @@ def test_class_kernels_benchmark_runs_every_form(tmp_path):
         "print('stacked_format_counts' in text)")], cwd=root, check=True,
         capture_output=True, text=True, timeout=300)
     assert lowered.stdout.strip().endswith("True")
+
+
+def test_kernel_sass_writes_the_forms_triton_ir(tmp_path):
+    """``benchmarks/kernel_sass.py --ttir-only`` (its first stage, JAX alone) writes each
+    form's Triton IR with the location annotations taken out, one kernel function each, and
+    the list the second stage (an interpreter with ``triton``) compiles."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "kernel_sass.py"),
+                    "--ttir-only", str(tmp_path)], check=True, capture_output=True,
+                   timeout=300)
+    forms = json.loads((tmp_path / "forms.json").read_text())
+    assert {f["form"] for f in forms} >= {"count_ids", "class_sums", "stacked_count_ids"}
+    for f in forms:
+        text = (tmp_path / f"{f['form']}.ttir").read_text()
+        assert text.startswith("module @") and text.count("tt.func public") == 1
+        assert "#loc" not in text and "[unknown]" not in text

@@ -123,24 +123,33 @@ def _shape(grid, ids, plans_per_program: int, rows_per_tile: int) -> _Shape:
                   -(-l // rows_per_tile) * rows_per_tile)
 
 
-def _count(s: _Shape, ids_ref, member_ref):
+def _count(s: _Shape, ids_ref, member_ref, loop_tiles: bool):
     """Inside a kernel: ``([float32[bp, C']] per format, bool[bp])``, the counts of the
-    program's plans for its tenant, and which of its plans are in the batch."""
+    program's plans for its tenant, and which of its plans are in the batch. The tiles of
+    rows unrolled (measured on an H200), or with ``loop_tiles`` in a loop (``ptxas -v`` for
+    sm_90a: 620 bytes of register spills -> none; not timed on a GPU yet)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
     i, t = pl.program_id(0), pl.program_id(1)
     plan_ok = i * s.bp + jnp.arange(s.bp) < s.b  # [bp]
-    accs = [jnp.zeros((s.bp, s.width), jnp.float32) for _ in range(F.NUM_FORMATS)]
-    for k in range(s.rows_padded // s.lt):
+
+    def tile(k, accs):
         row_ok = k * s.lt + jnp.arange(s.lt) < s.l  # [lt]
         x = plgpu.load(ids_ref.at[:, pl.ds(t * s.l + k * s.lt, s.lt)],
                        mask=plan_ok[:, None] & row_ok[None, :], other=F.NO_FORMAT)
         p = member_ref[pl.ds(k * s.lt, s.lt), :]  # [lt, C']
-        for f in range(F.NUM_FORMATS):
-            a = (x == f).astype(jnp.bfloat16)
-            accs[f] = accs[f] + jnp.dot(a, p, preferred_element_type=jnp.float32)
-    return accs, plan_ok
+        return tuple(acc + jnp.dot((x == f).astype(jnp.bfloat16), p,
+                                   preferred_element_type=jnp.float32)
+                     for f, acc in enumerate(accs))
+
+    accs = tuple(jnp.zeros((s.bp, s.width), jnp.float32) for _ in range(F.NUM_FORMATS))
+    n_tiles = s.rows_padded // s.lt
+    if loop_tiles:
+        return list(jax.lax.fori_loop(0, n_tiles, tile, accs)), plan_ok
+    for k in range(n_tiles):
+        accs = tile(k, accs)
+    return list(accs), plan_ok
 
 
 def _call(kernel, s: _Shape, ids, member, extra_in, out_shape, out_specs, num_warps,
@@ -188,17 +197,18 @@ def _in_calls(call, ids, size: int):
 
 def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PER_PROGRAM,
               rows_per_tile: int = ROWS_PER_TILE, num_warps: int = NUM_WARPS,
-              interpret: bool = False):
+              loop_tiles: bool = False, interpret: bool = False):
     """``rowclasses.count_ids``' ``(counts [M, C, F, B], complete bool[M, B])`` of one-byte
     ids ``ids uint8[B, M, L]`` (an id not in ``[0, F)`` holds no format) in the class grid
     ``grid int32[M, C, S]``, counted by one Pallas kernel (see the module's docstring); the
     counts as ``dtype`` (float32, or uint8 where no class has more than 255 rows).
-    ``interpret``: run the kernel in Pallas' interpreter (any backend: the tests' form)."""
+    ``loop_tiles``: the tiles of rows in a loop (:func:`_count`). ``interpret``: run the
+    kernel in Pallas' interpreter (any backend: the tests' form)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
     opts = dict(dtype=dtype, plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
-                num_warps=num_warps, interpret=interpret)
+                num_warps=num_warps, loop_tiles=loop_tiles, interpret=interpret)
     b, m, l = ids.shape
     one_byte = m * l + (m * _width(grid.shape[1]) * F.NUM_FORMATS
                         if jnp.dtype(dtype).itemsize == 1 else 0)
@@ -209,7 +219,7 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
     s = _shape(grid, ids, plans_per_program, rows_per_tile)
 
     def kernel(ids_ref, member_ref, counts_ref, counted_ref):
-        accs, plan_ok = _count(s, ids_ref, member_ref)
+        accs, plan_ok = _count(s, ids_ref, member_ref, loop_tiles)
         total = jnp.zeros((s.bp,), jnp.float32)
         for f, acc in enumerate(accs):
             plgpu.store(counts_ref.at[:, pl.ds(f, 1), :], acc.T.astype(dtype)[:, None, :],
@@ -238,7 +248,8 @@ class ClassSums(NamedTuple):
 
 def class_sums(grid, ids, plan_terms, entries, table, *,
                plans_per_program: int = PLANS_PER_PROGRAM, rows_per_tile: int = ROWS_PER_TILE,
-               num_warps: int = NUM_WARPS, interpret: bool = False) -> ClassSums:
+               num_warps: int = NUM_WARPS, loop_tiles: bool = False,
+               interpret: bool = False) -> ClassSums:
     """The class path's sums of plans ``ids uint8[B, M, L]`` in the grid ``grid int32[M, C,
     S]``, with no counts written: ``plan_terms float32[M, B, 4 + F]`` (:data:`PLAN_TERMS`,
     then the seconds per FLOP of each format), ``entries float32[M, F, 6, C]``
@@ -250,6 +261,8 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
       ``reads_e`` the expert or other weight reads (``throughput.row_roofline``);
     - ``sums[k] = sum_e table[k, e] x n_e`` (a float32 product);
     - ``peak = max(0, max over n_e > 0 of peak_e)``.
+
+    The program's shape and ``loop_tiles``, ``interpret``: as :func:`count_ids`'.
     """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
@@ -257,7 +270,7 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
     size = plans_per_call(ids.shape[1] * ids.shape[2], plans_per_program)
     if ids.shape[0] > size:
         opts = dict(plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
-                    num_warps=num_warps, interpret=interpret)
+                    num_warps=num_warps, loop_tiles=loop_tiles, interpret=interpret)
         return ClassSums(*_in_calls(
             lambda i, start: class_sums(grid, i, jax.lax.slice_in_dim(
                 plan_terms, start, start + i.shape[0], axis=1), entries, table, **opts),
@@ -281,7 +294,7 @@ def class_sums(grid, ids, plan_terms, entries, table, *,
 
     def kernel(ids_ref, member_ref, plan_ref, entry_ref, table_ref,
                roof_ref, sums_ref, peak_ref, counted_ref):
-        accs, plan_ok = _count(s, ids_ref, member_ref)
+        accs, plan_ok = _count(s, ids_ref, member_ref, loop_tiles)
 
         def plan(j):  # [bp, 1]
             return plgpu.load(plan_ref.at[:, pl.ds(j, 1)], mask=plan_ok[:, None], other=1.0)
