@@ -2,6 +2,7 @@
 machine code's instruction mix for Hopper (sm_90a), read before spending device time.
 
     python benchmarks/kernel_sass.py --triton-python /path/to/python [--out FILE]
+        (the records go to FILE, else runs/benchmarks/kernel_sass_cpu.json)
     python benchmarks/kernel_sass.py --ttir-only DIR      # the first stage alone
 
 Two stages. This interpreter (JAX) lowers each form to Triton's IR (Pallas' ``debug`` print of
@@ -26,11 +27,11 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import glob
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -207,16 +208,14 @@ def main(argv=None) -> None:
         return
     done = subprocess.run([args.triton_python, os.path.abspath(__file__), "--compile", folder],
                           capture_output=True, text=True, check=True)
+    shutil.rmtree(folder, ignore_errors=True)
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     for rec in records:
         print(json.dumps(rec), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {args.out}", flush=True)
-    for path in glob.glob(os.path.join(folder, "*")):
-        if not args.ttir_only:
-            os.remove(path)
+    sys.path.insert(0, HERE)
+    from common import save_records
+
+    save_records("kernel_sass", records, args.out)
 
 
 if __name__ == "__main__":
