@@ -210,8 +210,8 @@ def count_ids(grid, ids, *, dtype=jnp.float32, plans_per_program: int = PLANS_PE
     opts = dict(dtype=dtype, plans_per_program=plans_per_program, rows_per_tile=rows_per_tile,
                 num_warps=num_warps, loop_tiles=loop_tiles, interpret=interpret)
     b, m, l = ids.shape
-    one_byte = m * l + (m * _width(grid.shape[1]) * F.NUM_FORMATS
-                        if jnp.dtype(dtype).itemsize == 1 else 0)
+    one_byte = max(m * l, m * _width(grid.shape[1]) * F.NUM_FORMATS
+                   if jnp.dtype(dtype).itemsize == 1 else 0)  # the largest one-byte operand
     size = plans_per_call(one_byte, plans_per_program)
     if b > size:
         return _in_calls(lambda i, _: count_ids(grid, i, **opts), ids, size)

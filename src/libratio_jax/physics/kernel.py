@@ -472,10 +472,16 @@ def _sum_tables(rows: dict) -> tuple[list, tuple]:
                     flat(rows["launch_group"]))
 
 
+def _by_group(weights, groups, n_groups: int = LAUNCH_GROUPS):
+    """``[M, n_groups, E]``: each entry's launch weight in its group's row (``weights``,
+    ``groups [M, E]``), so that the counts' product with it sums the weights per group."""
+    return (groups[:, None, :] == jnp.arange(n_groups)[:, None]) * weights[:, None, :]
+
+
 def _weighted_sums_in_xla(x, t, v, w, g, n_groups: int = LAUNCH_GROUPS):
     """``native.weighted_sums``' XLA form for the class path's counts ``x [M, E, b]``."""
     x = x.astype(jnp.float32)
-    by_group = (g[:, None, :] == jnp.arange(n_groups)[:, None]) * w[:, None, :]
+    by_group = _by_group(w, g, n_groups)
     # One product, so the counts are read once, in float32 (CONTRACTION_PRECISION: on an H100
     # JAX's default is TF32). There the two default products took 1.12 + 1.15 ms of a
     # 1,048,576-plan call, the one float32 product 1.49 ms (docs/performance.md).
@@ -540,8 +546,8 @@ def _kernel_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, 
     r = _plan_factors(scenario, fields)  # [M, 1, 1, b] scalars, [M, 1, F, b] per format
     summed, (table, peaks, weights, groups) = tables
     m, c, f = rows["valid"].shape[:3]
-    by_group = (groups[:, None, :] == jnp.arange(LAUNCH_GROUPS)[:, None]) * weights[:, None, :]
-    full = jnp.concatenate([table, by_group], axis=1).reshape(m, -1, c, f)  # [M, K + G, C, F]
+    full = jnp.concatenate([table, _by_group(weights, groups)], axis=1)  # [M, K + G, C x F]
+    full = full.reshape(m, -1, c, f)
 
     def entry(x):  # [M, C, F(, 1)] -> [M, F, C]
         return jnp.swapaxes(jnp.broadcast_to(x, (m, c, f, 1))[..., 0].astype(jnp.float32), 1, 2)
