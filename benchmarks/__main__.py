@@ -72,8 +72,8 @@ def plot(folder: str, out: str | None = None) -> str:
         for r in json.load(open(path)):
             if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
                 continue  # the single-call records
-            if r.get("glibc_tunables"):
-                continue  # a process started with a malloc tunable: the plot is the default's
+            if r.get("host_memory"):
+                continue  # a process with lj.reuse_host_memory(): the plot is the default's
             key = (_device(r), r["layers"], not r.get("layer_stability", True))
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]

@@ -8,10 +8,10 @@ batch of more than one plan is measured both ways), rows_per_plan (tenant slots 
 model: the rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second
 (plans/s x rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second,
 speedup_vs_reference.
-On Linux with glibc >= 2.35 and transparent huge pages available, the largest full-resolution
-batch with ``layer_stability`` is measured once more in a fresh process started with
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (its record has ``glibc_tunables``): see
-``HUGE_PAGES_TUNABLE``.
+Where the C library is glibc, the largest full-resolution batch is measured once more (with and
+without ``layer_stability``) in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
+``lj.reuse_host_memory()`` first (its records have ``host_memory: "reused"`` and
+``dispatch: "inline"``): see ``reused_memory_records``.
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
 state run; run time is the median of ``--repeats`` steady-state calls, after up to 12 warm-up
@@ -74,8 +74,8 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
     # row class (physics/rowclasses.py: full resolution, and merged rows on the CPU) otherwise
     # never needs per row.
     out += batch_records(sc, block_groups, batches, (True, False), repeats, ref_rate)
-    if sc.row_classes is not None and huge_pages_available():
-        out += huge_pages_records(max(batches), repeats, ref_rate)
+    if sc.row_classes is not None and reuse_available():
+        out += reused_memory_records(max(batches), repeats, ref_rate)
     # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
     # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
     # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), that
@@ -100,9 +100,11 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
             out.append(rec)
 
 
-def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: float) -> list:
+def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: float,
+                  tags: dict | None = None) -> list:
     """One ``evaluate_throughput`` record per batch size and per-row output mode
-    (``layer_stability`` in ``modes``), on ``sc`` built with ``block_groups``."""
+    (``layer_stability`` in ``modes``), on ``sc`` built with ``block_groups``, each with
+    ``tags`` added."""
     base = sample_plans(sc, 4096, seed=0)
     out = []
     for batch in batches:
@@ -137,8 +139,7 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
                 "reference_plans_per_second": round(ref_rate, 2),
                 "speedup_vs_reference": round(rate / ref_rate, 1),
             }
-            if os.environ.get("GLIBC_TUNABLES"):
-                rec["glibc_tunables"] = os.environ["GLIBC_TUNABLES"]
+            rec.update(tags or {})
             if sc.row_classes is not None and jax.default_backend() == "gpu":
                 # the full-resolution batch path's form there (physics.gpu_kernels)
                 rec["class_path"] = "pallas" if gpu_kernels.available() else "xla"
@@ -148,34 +149,27 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
 
 
 # A full-resolution batch's layer_stability is a fresh float32 [B, M, L] output (6.4 KB per
-# plan on the reference scenario): glibc serves it with mmap, and the kernel then pays a page
-# fault per 4 KB page it first writes. With glibc's malloc asking for transparent huge pages
-# (a tunable read when the process starts), it pays one per 2 MB.
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
-THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+# plan on the reference scenario), which glibc serves with a fresh mmap each call: the kernel
+# zeroes its pages. A process that calls lj.reuse_host_memory() (with inline dispatch, so that
+# the calling thread allocates the outputs) reuses them (physics/host_memory.py): the child
+# process of reused_memory_records, whose records carry these tags.
+REUSED_MEMORY_TAGS = {"host_memory": "reused", "dispatch": "inline"}
 
 
-def huge_pages_available() -> bool:
-    """Whether this is a Linux CPU run whose kernel grants transparent huge pages on request
-    (``[always]`` or ``[madvise]``) and whose C library is glibc >= 2.35 (the tunable)."""
+def reuse_available() -> bool:
+    """Whether this is a CPU run on glibc (where ``lj.reuse_host_memory`` applies)."""
     import platform
 
-    if jax.default_backend() != "cpu" or not os.path.exists(THP_SETTING):
-        return False
-    with open(THP_SETTING) as f:
-        if "[never]" in f.read():
-            return False
-    lib, version = platform.libc_ver()
-    return lib == "glibc" and tuple(int(v) for v in version.split(".")[:2]) >= (2, 35)
+    return jax.default_backend() == "cpu" and platform.libc_ver()[0] == "glibc"
 
 
-def huge_pages_records(batch: int, repeats: int, ref_rate: float) -> list:
-    """The full-resolution batch of ``batch`` plans with ``layer_stability``, measured again
-    in a fresh process started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``."""
-    env = dict(os.environ, GLIBC_TUNABLES=HUGE_PAGES_TUNABLE)
+def reused_memory_records(batch: int, repeats: int, ref_rate: float) -> list:
+    """The full-resolution batch of ``batch`` plans, with and without ``layer_stability``,
+    measured again in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
+    ``lj.reuse_host_memory()`` before its first computation."""
     cmd = [sys.executable, os.path.abspath(__file__), "--batch-child", str(batch),
            "--repeats", str(repeats), "--reference-rate", str(ref_rate)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     recs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     for rec in recs:
         print(json.dumps(rec), flush=True)
@@ -325,9 +319,11 @@ def main(argv=None) -> None:
         print(json.dumps(_single_call_here(args.single_call or None, args.repeats,
                                            args.inline, PLAN_FORMATS[args.formats])))
         return
-    if args.batch_child is not None:  # the child process of huge_pages_records
-        batch_records(lj.reference_scenario(), None, [args.batch_child], (True,), args.repeats,
-                      args.reference_rate)
+    if args.batch_child is not None:  # the child process of reused_memory_records
+        if not (lj.inline_cpu_dispatch() and lj.reuse_host_memory()):
+            raise SystemExit("--batch-child: inline dispatch and reused host memory unavailable")
+        batch_records(lj.reference_scenario(), None, [args.batch_child], (True, False),
+                      args.repeats, args.reference_rate, tags=REUSED_MEMORY_TAGS)
         return
     records: list = []
     for g in args.block_groups:

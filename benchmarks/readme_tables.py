@@ -51,8 +51,9 @@ def _device(rec) -> str:
         machine = rec.get("host") or {}
         name = (f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
                 if machine else "2-core CPU")
-    tunables = rec.get("glibc_tunables")  # a run started with GLIBC_TUNABLES set
-    return f"{name}, `GLIBC_TUNABLES={tunables}`" if tunables else name
+    if rec.get("host_memory") == "reused":  # evaluate_throughput's reused_memory_records
+        return f"{name}, `lj.reuse_host_memory()`, inline dispatch"
+    return name
 
 
 def _table(header, rows) -> str:

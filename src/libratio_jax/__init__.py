@@ -19,6 +19,7 @@ from libratio_jax.physics.estimate import (
 )
 from libratio_jax.physics.formats import FORMAT_NAMES, format_id
 from libratio_jax.physics.hardware import ClusterSpec, GpuSpec
+from libratio_jax.physics.host_memory import reuse_host_memory
 from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one, inline_cpu_dispatch
 from libratio_jax.physics.plan import Plan, validate_plan
 from libratio_jax.physics.scenario import Scenario, Tenant, Workload, reference_scenario
@@ -47,5 +48,6 @@ __all__ = [
     "make",
     "reference_scenario",
     "registered_envs",
+    "reuse_host_memory",
     "validate_plan",
 ]
