@@ -22,7 +22,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 # asks): the bytes mapped with the output alive, before and after ``reuse_host_memory``,
 # and with none alive.
 _CHILD = r"""
-import ctypes, json
+import ctypes, json, time
 import numpy as np
 import jax
 import libratio_jax as lj
@@ -37,11 +37,20 @@ libc.mallinfo2.restype = Mallinfo2
 lj.inline_cpu_dispatch()
 add = jax.jit(lambda x: x + 1.0)
 x = jax.device_put(np.ones(20_000_000, np.float32))
+def mapped_after_free(above):
+    # The bytes mapped once a freed output's mapping is gone (JAX frees it when it gets to
+    # it: waited for, up to 30 s, while more than `above` bytes stay mapped).
+    deadline = time.monotonic() + 30.0
+    while libc.mallinfo2().hblkhd > above and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return libc.mallinfo2().hblkhd
+
 out = add(x)
 mapped_before = libc.mallinfo2().hblkhd
 value_before = float(out[-1])
 out.delete()
-mapped_idle = libc.mallinfo2().hblkhd  # (the input, 80 MB on the device, is one too)
+# (the input, 80 MB on the device, is a mapping too)
+mapped_idle = mapped_after_free(mapped_before - x.nbytes // 2)
 applied = lj.reuse_host_memory()
 mapped = []
 for _ in range(3):
