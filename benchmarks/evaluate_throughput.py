@@ -158,18 +158,23 @@ REUSED_MEMORY_TAGS = {"host_memory": "reused", "dispatch": "inline"}
 
 def reuse_available() -> bool:
     """Whether this is a CPU run on glibc (where ``lj.reuse_host_memory`` applies)."""
-    import platform
+    from libratio_jax.physics import host_memory
 
-    return jax.default_backend() == "cpu" and platform.libc_ver()[0] == "glibc"
+    return jax.default_backend() == "cpu" and host_memory.glibc()
 
 
 def reused_memory_records(batch: int, repeats: int, ref_rate: float) -> list:
     """The full-resolution batch of ``batch`` plans, with and without ``layer_stability``,
     measured again in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
-    ``lj.reuse_host_memory()`` before its first computation."""
+    ``lj.reuse_host_memory()`` before its first computation; none, with the child's error on
+    stderr, when the child fails (the other records are kept)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--batch-child", str(batch),
            "--repeats", str(repeats), "--reference-rate", str(ref_rate)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"batch of {batch:,} with reused host memory failed:\n" + done.stderr[-3000:],
+              file=sys.stderr, flush=True)
+        return []
     recs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     for rec in recs:
         print(json.dumps(rec), flush=True)

@@ -12,13 +12,21 @@ reuses pages already mapped. docs/performance.md (thirty-first round) has the me
 from __future__ import annotations
 
 import ctypes
-import platform
+import os
 
 # glibc's mallopt parameters (<malloc.h>).
 M_TRIM_THRESHOLD = -1  # free memory at the main heap's top kept up to this many bytes
 M_MMAP_MAX = -4  # the most blocks served by mmap at once (0: none)
 # The largest trim threshold mallopt takes (a C int): 2 GiB - 1 of freed memory kept.
 KEPT_BYTES = 2**31 - 1
+
+
+def glibc() -> bool:
+    """Whether this process's C library is glibc (where :func:`reuse_host_memory` applies)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no such name (not glibc), or no confstr
+        return False
 
 
 def reuse_host_memory() -> bool:
@@ -28,9 +36,10 @@ def reuse_host_memory() -> bool:
     (``M_TRIM_THRESHOLD``). For repeated large batches on the CPU, above all full-resolution
     ones with ``layer_stability``: their output then reuses pages already mapped rather than
     fresh ones the kernel must zero (65,536 plans of the reference scenario on the 2-core CPU
-    of the benchmarks: ~74 -> ~58 ms a call; the README's throughput table). The cost: the
-    process keeps its peak heap, which a loop calling ``lj.evaluate`` on batches of one shape
-    needs again at its next call anyway.
+    of the benchmarks, alternating processes: ~70-80 -> ~54-64 ms a call; the README's
+    throughput table). The cost: the process keeps its peak heap, which a loop calling
+    ``lj.evaluate`` on batches of one shape needs again at its next call anyway, and memory
+    freed below a block still in use stays in the heap too (fragmentation can hold more).
 
     It helps the outputs that the calling thread allocates, i.e. with
     :func:`inline_cpu_dispatch`. With JAX's default asynchronous dispatch the outputs are
@@ -39,7 +48,8 @@ def reuse_host_memory() -> bool:
     process to one arena would route them here too, but it made the threads' other
     allocations contend (65,536 plans without ``layer_stability``: ~19 -> ~31 ms a call), so
     this does not. A process-wide setting that can be made at any time, never undone.
-    Returns whether it was applied: False where the C library is not glibc (nothing changed).
+    Returns whether it was applied: False where the C library is not glibc (nothing changed)
+    or, should glibc refuse a setting, when it was not fully applied.
 
     Example (first lines of a training script that evaluates large batches)::
 
@@ -47,10 +57,10 @@ def reuse_host_memory() -> bool:
         lj.inline_cpu_dispatch()
         lj.reuse_host_memory()
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return False
     try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: glibc's
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
