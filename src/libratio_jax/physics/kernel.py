@@ -1084,9 +1084,11 @@ def inline_cpu_dispatch() -> bool:
     JAX's asynchronous dispatch (``jax_cpu_enable_async_dispatch=False``). For latency-bound
     use of small batches (a server step, one reward, one ``evaluate`` call): the asynchronous
     path pays about 1 µs per argument and output buffer and a fixed handoff per call (one
-    plan on the 2-core CPU of the README's single-call table, thirty-first round's run: 96 -> 38
-    µs coarse, 82 -> 44 µs at full resolution with a format per layer kind), and nothing is
-    gained by overlapping Python with a computation that short. JAX reads the setting when it
+    plan on the 2-core CPU of the README's single-call table, thirty-first round's run:
+    96 -> 38 µs coarse, 82 -> 44 µs at full resolution with a format per layer kind), and
+    nothing is gained by overlapping Python with a computation that short. Also for large
+    CPU batches with :func:`~libratio_jax.physics.host_memory.reuse_host_memory`, whose
+    outputs the calling thread then allocates in the heap it keeps. JAX reads the setting when it
     starts its CPU backend: call this before the process's first computation. Returns whether
     it took effect (False once the backend is up; the setting is then left as it was).
     ``libratio serve`` calls it at start.
