@@ -2,7 +2,8 @@
 
 The setting is process-wide, so the allocator is observed in a child process: where an
 output's buffer lies (``/proc/self/maps``: glibc's main heap is the ``[heap]`` mapping) and
-how far that heap grows over calls.
+whether the heap keeps that memory once the output is freed (waited for with ``mallinfo2``:
+JAX may free a deleted output later, on one of its threads).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from libratio_jax.physics import host_memory
 # A child process on the CPU with inline dispatch (as the setting asks): an 80 MB output of a
 # jitted function of two kernels (with asynchronous dispatch, JAX's worker threads would
 # allocate it: measured, the test then fails), whether its buffer lies in the main heap, by
-# default and on four calls after ``reuse_host_memory``, and the heap's size after each.
+# default and on four calls after ``reuse_host_memory`` (each output's free waited for), the
+# heap's size after each and once the last output is freed.
 _CHILD = r"""
-import json
+import ctypes, json, time
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,21 @@ def in_heap(array):
     start, end = heap()
     return start <= array.unsafe_buffer_pointer() < end
 
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Mallinfo2
+
+def wait_for_free(free_before, size):
+    # JAX may free a deleted output later, on one of its threads: wait (up to 30 s) until the
+    # main heap holds `size` more free bytes than before, so that the next call can take them
+    deadline = time.monotonic() + 30.0
+    while mallinfo2().fordblks < free_before + size and time.monotonic() < deadline:
+        time.sleep(0.001)
+
 inline = lj.inline_cpu_dispatch()
 fn = jax.jit(lambda x: jnp.sin(x) - jnp.mean(jnp.cos(x)))
 x = jax.device_put(np.ones(20_000_000, np.float32))
@@ -54,14 +71,25 @@ for _ in range(4):
     after.append(in_heap(out))
     heap_bytes.append(heap()[1] - heap()[0])
     value = float(out[-1])
+    free_before = mallinfo2().fordblks
     out.delete()
+    if after[-1]:  # (an output from a mapping of its own is unmapped when freed)
+        wait_for_free(free_before, x.nbytes)
+kept = heap()[1] - heap()[0]  # once the last output is freed
 print(json.dumps(dict(inline=inline, applied=applied, bytes=x.nbytes, default=default,
-                      after=after, heap_bytes=heap_bytes, values=[value_before, value])))
+                      after=after, heap_bytes=heap_bytes, kept=kept,
+                      values=[value_before, value])))
 """
 
 
-@pytest.mark.skipif(not (host_memory.glibc() and os.path.exists("/proc/self/maps")),
-                    reason="glibc on Linux only")
+def _glibc_version() -> tuple[int, ...]:
+    if not host_memory.glibc():
+        return ()
+    return tuple(int(v) for v in os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2])
+
+
+@pytest.mark.skipif(_glibc_version() < (2, 33) or not os.path.exists("/proc/self/maps"),
+                    reason="glibc >= 2.33 (mallinfo2) on Linux only")
 def test_large_outputs_leave_mmap_for_the_heap():
     done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -71,11 +99,12 @@ def test_large_outputs_leave_mmap_for_the_heap():
     want = float(np.sin(np.float32(1)) - np.cos(np.float32(1)))
     assert got["values"][0] == got["values"][1] and abs(got["values"][0] - want) < 1e-5
     # By default the 80 MB output is a mapping of its own; with the setting it comes from the
-    # main heap, whose pages later calls reuse: the heap stops growing (a freed output may
-    # come back to the heap a call late, so the first two calls can take two outputs' room).
+    # main heap, which keeps the memory once it is freed (not trimmed: mapped pages for the
+    # next call). (How many outputs the heap holds depends on when JAX frees them: on a
+    # loaded machine a call can come before the last output's free, not asserted here.)
     assert got["default"] is False, got
     assert all(got["after"]), got
-    assert got["heap_bytes"][-1] - got["heap_bytes"][1] < got["bytes"] // 2, got
+    assert got["kept"] >= got["heap_bytes"][-1] - got["bytes"] // 2, got
 
 
 def test_not_applied_without_glibc(monkeypatch):
