@@ -66,6 +66,13 @@ ENV_SWITCH = "LIBRATIO_GPU_KERNELS"  # "0": the XLA forms on a GPU too
 PLATFORMS = ("cuda",)
 
 
+def on_gpu(kernel_fn, xla_fn, *args):
+    """``kernel_fn(*args)`` in a program lowered for one of ``PLATFORMS``, ``xla_fn(*args)``
+    in one lowered for any other platform."""
+    return jax.lax.platform_dependent(*args, default=xla_fn,
+                                      **dict.fromkeys(PLATFORMS, kernel_fn))
+
+
 def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 

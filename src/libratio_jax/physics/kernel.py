@@ -536,8 +536,7 @@ def _gpu_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, fie
     def by_kernel(fields, ids):
         return _kernel_class_row_sums(scenario, rows, tables, grid, fields, ids)
 
-    return jax.lax.platform_dependent(fields, ids, default=elsewhere,
-                                      **dict.fromkeys(gpu_kernels.PLATFORMS, by_kernel))
+    return gpu_kernels.on_gpu(by_kernel, elsewhere, fields, ids)
 
 
 def _kernel_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, fields: dict,

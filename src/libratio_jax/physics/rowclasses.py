@@ -146,12 +146,8 @@ def _counter(grid, compact: bool):
         counts, complete = count_ids(grid, ids)
         return counts.astype(dtype), complete
 
-    def counted(grid, ids):
-        by_kernel = functools.partial(gpu_kernels.count_ids, dtype=dtype)
-        return jax.lax.platform_dependent(grid, ids, default=by_xla,
-                                          **dict.fromkeys(gpu_kernels.PLATFORMS, by_kernel))
-
-    return counted
+    by_kernel = functools.partial(gpu_kernels.count_ids, dtype=dtype)
+    return functools.partial(gpu_kernels.on_gpu, by_kernel, by_xla)
 
 
 def format_ids(precision):
