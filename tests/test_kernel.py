@@ -330,23 +330,52 @@ def test_compact_entries_against_a_python_count(dtype, form):
 
 @pytest.mark.parametrize("m", [1, 3, 4, 8, 16, 17, 200])
 def test_entry_capacities_keep_every_buffer_sequential(m):
-    """One host plan's entry capacities, ascending: its ``[M, capacity]`` entries and its
-    ``int32[8 * M]`` fields each within ``SEQUENTIAL_BUFFER_BYTES``; none (the rows'
-    program) once the fields alone exceed it."""
-    caps = kernel.entry_capacities(m)
+    """One host plan's entry capacities, ascending: each chunk of its entries
+    (``int32[M, entry_width(M)]`` or less) and its ``int32[8 * M]`` fields each within
+    ``SEQUENTIAL_BUFFER_BYTES``; a capacity above the width a whole number of chunks, at most
+    ``ENTRY_CHUNKS``, the largest holding every pair of the scenario when that many do;
+    none (the rows' program) once the fields alone exceed it."""
     limit = kernel.SEQUENTIAL_BUFFER_BYTES
-    assert list(caps) == sorted(set(caps)) and all(c > 0 for c in caps)
-    assert all(4 * m * c <= limit for c in caps)
-    assert bool(caps) == (4 * m * len(kernel.INT_FIELDS) <= limit)
-    if m == 4:
-        assert caps == (24, 32)
+    width = kernel.entry_width(m)
+    assert 4 * m * width <= limit < 4 * m * (width + 1)
+    for class_pairs in (0, 1, 40, 192, 10_000):
+        caps = kernel.entry_capacities(m, class_pairs)
+        assert list(caps) == sorted(set(caps)) and all(c > 0 for c in caps)
+        assert bool(caps) == (4 * m * len(kernel.INT_FIELDS) <= limit)
+        if not caps:
+            continue
+        assert all(c % width == 0 and c // width <= kernel.ENTRY_CHUNKS
+                   for c in caps if c > width)
+        chunks = [np.asarray(x) for x in kernel._entry_chunks(np.zeros((m, caps[-1]),
+                                                                         np.int32))]
+        assert all(x.shape == (m, min(caps[-1], width)) and x.flags.c_contiguous
+                   for x in chunks)
+        if class_pairs <= kernel.ENTRY_CHUNKS * width:
+            assert caps[-1] >= class_pairs
+        if m == 4:
+            assert caps[:2] == (24, 32) and (class_pairs != 192 or caps[-1] == 192)
+
+
+def test_entry_chunks_split_the_entries_in_order():
+    """``_entry_chunks``: a tenant's entries in chunks of ``entry_width(M)``, in order."""
+    m = 4
+    width = kernel.entry_width(m)
+    entries = np.arange(m * 3 * width, dtype=np.int32).reshape(m, 3 * width)
+    chunks = kernel._entry_chunks(entries)
+    assert len(chunks) == 3
+    np.testing.assert_array_equal(np.concatenate(chunks, axis=1), entries)
+    one = entries[:, :width]
+    assert kernel._entry_chunks(one)[0] is one
 
 
 def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
-    """Every buffer of one host plan's entries programs (each capacity, the reference
-    scenario, rules and ``layer_stability`` included) is at most ``SEQUENTIAL_BUFFER_BYTES``:
-    its arguments, constants, outputs and every intermediate in the compiled program, so
-    XLA's CPU runtime runs it sequentially (what its speed rests on; docs/performance.md)."""
+    """Every buffer of one host plan's entries programs (one chunk and several, the
+    reference scenario, rules and ``layer_stability`` included) is at most
+    ``SEQUENTIAL_BUFFER_BYTES``: its arguments, constants, outputs and every intermediate in
+    the compiled program, so XLA's CPU runtime runs it sequentially (what its speed rests
+    on; docs/performance.md); and no kernel is split over threads (XLA's cost model splits
+    a kernel it deems large: ``outer_dimension_partitions``), which would hand work to
+    another thread every call."""
     import re
 
     monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)  # forced: the backend is up
@@ -358,13 +387,17 @@ def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
     ints = kernel._int_vector(np.ones((len(kernel.INT_FIELDS), m), np.int32))
     itemsize = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-    for cap in kernel.entry_capacities(m):
+    caps = kernel.entry_capacities(m, sc.row_classes.shape[-2] * F.NUM_FORMATS)
+    assert len(caps) > 3
+    for cap in caps[:3] + caps[-1:]:  # one chunk (both), two, and the most
         program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
-                                  True, cap, True)
-        text = program.lower(args, (np.zeros((m, cap), np.int32), ints)).compile().as_text()
+                                  False, cap, True)
+        chunks = kernel._entry_chunks(np.zeros((m, cap), np.int32))
+        text = program.lower(args, (chunks, ints)).compile().as_text()
         entry = text[text.index("ENTRY"):]
         # no nested computations whose buffers the entry's instructions would not show
         assert not re.search(r" (while|call|conditional)\(", entry)
+        assert "outer_dimension_partitions" not in text, cap
         shapes = re.findall(r"= (\w+)\[([\d,]*)\]", entry)
         assert len(shapes) > 50  # the program's instructions were read
         for dtype, dims in shapes:
@@ -709,18 +742,25 @@ def _tiny_full_resolution(first=_TINY_MOE):
         max_tenants=3, max_layers=80)
 
 
-@pytest.mark.parametrize("form", ["native", "numpy"])
-def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request, form):
+@pytest.mark.parametrize("form,width", [("native", 24), ("numpy", 24), ("native", 8)])
+def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request, form, width):
     """With inline CPU dispatch, one validated host plan at full resolution (from the
     scenario's second call on) is evaluated by its (class, format) entries, in the program of
     the smallest entry capacity that holds them, on the scenario without its rows (every
     argument at most ``SEQUENTIAL_BUFFER_BYTES``), with ``layer_stability`` spread back over
     the rows: the metrics equal the rows' physics. A plan whose tenant uses more pairs than
     the largest capacity is evaluated by its rows. Its entries compacted by the extension's
-    one call (``native.compact_pairs``) or by NumPy (``rowclasses.compact_entries``)."""
+    one call (``native.compact_pairs``) or by NumPy (``rowclasses.compact_entries``), in one
+    chunk or (``width`` 8) in chunks of 8 entries a tenant (``evaluate_entries``' sums chunk
+    by chunk)."""
     # inline dispatch, forced (the backend is up): programs made while forced are dropped
     monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
-    monkeypatch.setattr(kernel, "entry_capacities", lambda m: (16, 24))
+    monkeypatch.setattr(kernel, "entry_capacities", lambda m, pairs=0: (16, 24))
+    monkeypatch.setattr(kernel, "entry_width", lambda m: width)
+    chunked = []  # the chunks of each program's entries
+    made = kernel._entry_chunks
+    monkeypatch.setattr(kernel, "_entry_chunks", lambda e: chunked.append(len(made(e)))
+                        or made(e))
     kernel._program.cache_clear()
     request.addfinalizer(kernel._program.cache_clear)
     taken = []  # the entries compacted: natively where built, else (or when off) by NumPy
@@ -756,6 +796,41 @@ def test_one_host_plan_by_its_entries_equals_its_rows(monkeypatch, request, form
         chex.assert_trees_all_equal(lean.replace(layer_stability=got.layer_stability), got)
     # two calls each: by 16 entries, 16, 24, then by the rows
     assert [None if t is None else t[0].shape[1] for t in taken] == [16] * 4 + [24] * 2 + [None] * 2
+    assert chunked == ([1] * 6 if width == 24 else [2] * 4 + [3] * 2)
+
+
+@pytest.mark.parametrize("name", ["reference", "tiny MoE"])
+def test_a_plan_with_formats_drawn_per_row_by_its_pairs_in_chunks(monkeypatch, request, name):
+    """One host plan with a format drawn per row (on the reference scenario 85-130 pairs a
+    tenant) is evaluated by its pairs in chunks of ``entry_width`` (inline dispatch, from
+    the scenario's second call on): its metrics equal the rows' physics, training and
+    serving tenants, whether they fit or not, and an MoE tenant (a scenario of small models
+    in chunks of 8 entries a tenant)."""
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)
+    if name != "reference":
+        monkeypatch.setattr(kernel, "entry_width", lambda m: 8)
+    kernel._program.cache_clear()
+    request.addfinalizer(kernel._program.cache_clear)
+    capacities = []
+    made = kernel._host_program
+    monkeypatch.setattr(kernel, "_host_program", lambda *a: capacities.append(a[-1]) or made(*a))
+    sc = lj.reference_scenario() if name == "reference" else _tiny_full_resolution()
+    assert (np.max(np.asarray(sc.coarse_models.experts_per_token)) > 0) == (name != "reference")
+    plans = jax.tree.map(lambda x: np.asarray(x).astype(np.int32),
+                         sample_plans(sc, 3, seed=7, per_layer=True))
+    by_rows = jax.jit(jax.vmap(evaluate_one, in_axes=(None, 0)))(sc, plans)
+    if name == "reference":
+        assert 0 < int(np.sum(by_rows.fits)) < 12  # some tenants fit, some do not
+    _scenario_args(sc), _scenario_args(sc)  # packed, as from a second call on
+    width = kernel.entry_width(sc.num_tenants)
+    for k in range(3):
+        plan = jax.tree.map(lambda x, k=k: x[k], plans)
+        capacities.clear()
+        got = lj.evaluate(sc, plan)
+        assert len(capacities) == 1 and capacities[0] >= 3 * width  # in 3 chunks or more
+        assert isinstance(got.memory_bytes, np.ndarray)
+        chex.assert_trees_all_close(got, jax.tree.map(lambda x, k=k: x[k], by_rows),
+                                    rtol=1e-5, atol=1e-6)
 
 
 def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkeypatch, request):
@@ -768,7 +843,7 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     from libratio_jax.physics.plan import validate_plan
 
     assert not kernel._inline_dispatch()
-    monkeypatch.setattr(kernel, "entry_capacities", lambda m: (16, 24))
+    monkeypatch.setattr(kernel, "entry_capacities", lambda m, pairs=0: (16, 24))
     kernel._program.cache_clear()
     request.addfinalizer(kernel._program.cache_clear)
     capacities = []  # of each host program called

@@ -29,7 +29,12 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import gpu_kernels, native, safety, stability
 from libratio_jax.physics.architecture import ROW_FIELDS
-from libratio_jax.physics.memory import layer_gather_bytes, memory_row_terms, tenant_memory
+from libratio_jax.physics.memory import (
+    largest_layer_bytes_of,
+    layer_gather_bytes,
+    memory_row_terms,
+    tenant_memory,
+)
 from libratio_jax.physics.packing import leaf_reader, pack, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
@@ -55,6 +60,7 @@ from libratio_jax.physics.rowclasses import (
     format_ids,
     own_classes,
     row_pairs,
+    row_sums,
 )
 from libratio_jax.physics.scenario import TRAIN, Scenario
 from libratio_jax.physics.stability import stability_row_terms, tenant_stability
@@ -64,6 +70,7 @@ from libratio_jax.physics.throughput import (
     grouped_launch_seconds,
     launch_groups,
     roofline_factors,
+    roofline_row_sums,
     roofline_rows,
     row_roofline,
     step_row_terms,
@@ -425,21 +432,25 @@ _FORMAT_FREE_TERMS = (("memory", 6), ("step", 1), ("stability", 1))
 _SAME_TERMS = {("step", 0): ("memory", 1), ("step", 2): ("memory", 0)}
 
 
+def _tenant_factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
+    """One tenant's roofline factors (``throughput.roofline_factors``) of its sanitized
+    fields (``_FACTOR_FIELDS``), as :func:`_tenant_metrics`' step time computes them."""
+    _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
+    return roofline_factors(workload, pool, dp, recompute, mb,
+                            experts_per_token=model.experts_per_token, n_experts=model.n_experts)
+
+
+_FACTOR_FIELDS = ("gpus", "tp", "pp", "recompute", "micro_batch")
+
+
 def _plan_factors(scenario: Scenario, fields: dict):
     """The roofline's plan factors (``throughput.Roofline``) of plans' sanitized integer fields
     (``[b, M]`` each), the plans' axis last: ``[M, 1, 1, b]`` scalars, ``[M, 1, F, b]`` per
     format."""
-    def factors(workload, pool, model, gpus, tp, pp, recompute, micro_batch):
-        _, _, dp, mb = _layout(gpus, tp, pp, micro_batch)
-        return roofline_factors(workload, pool, dp, recompute, mb,
-                                experts_per_token=model.experts_per_token,
-                                n_experts=model.n_experts)
-
     def plan_factors(f):
         _, pools = _tenant_pools(scenario.cluster, f["pool"])
-        return jax.vmap(factors)(scenario.workloads, pools, scenario.coarse_models,
-                                 *(f[k] for k in ("gpus", "tp", "pp", "recompute",
-                                                  "micro_batch")))
+        return jax.vmap(_tenant_factors)(scenario.workloads, pools, scenario.coarse_models,
+                                         *(f[k] for k in _FACTOR_FIELDS))
 
     r = jax.vmap(plan_factors)(fields)  # [b, M] scalars, [b, M, F] per format
 
@@ -701,18 +712,61 @@ def rows_layer_stability(scenario: Scenario, precision, plan_valid):
 def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
     """:func:`evaluate_one` of one plan whose row formats are given as its (class, format)
     pairs, ``entries`` int32 ``[M, K]`` (:func:`~libratio_jax.physics.rowclasses.
-    compact_entries`), on a full-resolution scenario: the physics of the class path on just
-    the pairs the plan uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path
-    for one host plan). ``layer_stability`` is per entry, ``[M, K]`` (``lj.evaluate`` takes
-    a row's from the scenario's per-pair table instead, :func:`_pair_layer_stability`: it
-    depends on the row's pair alone); ``plan.precision`` is not read."""
-    code = entries >> ENTRY_SHIFT
-    counts = (entries & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32)
+    compact_entries`), or a tuple of such arrays (the pairs split in chunks along ``K``), on
+    a full-resolution scenario: the physics of the class path on just the pairs the plan
+    uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path for one host plan).
+    ``layer_stability`` is per entry, ``[M, K]``, for one array and None for chunks
+    (``lj.evaluate`` takes a row's from the scenario's per-pair table instead,
+    :func:`_pair_layer_stability`: it depends on the row's pair alone); ``plan.precision`` is
+    not read. Chunks are summed chunk by chunk (:func:`_entry_sums`), so each per-entry value
+    is as small as a chunk: a plan with a format drawn per row (85-130 pairs a reference
+    tenant) in ``[4, 32]`` chunks keeps every buffer within ``SEQUENTIAL_BUFFER_BYTES``."""
+    chunks = entries if isinstance(entries, tuple) else (entries,)
+    codes = [x >> ENTRY_SHIFT for x in chunks]
+    counts = [(x & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32) for x in chunks]
     coarse = scenario.coarse_models
     rows = jnp.sum(jnp.where(coarse.valid, coarse.count, 0.0), axis=-1)
-    fields, valid = sanitize_fields(scenario, plan, jnp.sum(counts, axis=-1) == rows)
-    models = entry_model(coarse, code // F.NUM_FORMATS, counts)
-    return _evaluate_tenants(scenario, models, code % F.NUM_FORMATS, 0, fields, valid)
+    counted = functools.reduce(jnp.add, [jnp.sum(c, axis=-1) for c in counts])
+    fields, valid = sanitize_fields(scenario, plan, counted == rows)
+    models = [entry_model(coarse, code // F.NUM_FORMATS, c)
+              for code, c in zip(codes, counts, strict=True)]
+    formats = [code % F.NUM_FORMATS for code in codes]
+    if len(chunks) == 1:
+        return _evaluate_tenants(scenario, models[0], formats[0], 0, fields, valid)
+    sums = _entry_sums(scenario, models, formats, fields)
+    # (the models' per-tenant scalars from the first chunk; their rows are not read)
+    out = _evaluate_tenants(scenario, models[0], formats[0], 0, fields, valid, sums=sums)
+    return out.replace(layer_stability=None)
+
+
+def _entry_sums(scenario: Scenario, models: list, formats: list, fields: dict) -> dict:
+    """The plan-dependent row sums :func:`_tenant_metrics` takes (``sums``, ``[M]`` each) of
+    rows given in chunks (``models`` and their ``formats``, ``[M, K]`` each): each module's
+    sums of its row terms, the roofline's, and the largest layer, summed (the largest:
+    maximized) chunk by chunk. Each chunk's sums are fenced (``native.fence``, one ``[M,
+    16]`` array a chunk): else XLA fuses every chunk's per-entry work into the kernel that
+    adds them up, and its cost model splits a kernel that large over two threads (a
+    handoff that cost a reference plan of 4 chunks ~20 µs a call on 2 cores)."""
+    _, pools = _tenant_pools(scenario.cluster, fields["pool"])
+    r = jax.vmap(_tenant_factors)(scenario.workloads, pools, models[0],
+                                  *(fields[f] for f in _FACTOR_FIELDS))
+    trees = []
+
+    def chunk_sums(workload, r, model, precision):  # one tenant's chunk: [T + 1]
+        sums = dict(memory=row_sums(memory_row_terms(model, workload, precision)),
+                    step=row_sums(step_row_terms(model, precision)),
+                    stability=row_sums(stability_row_terms(model, workload.mode, precision)),
+                    roofline=roofline_row_sums(r, model, precision))
+        leaves, tree = jax.tree.flatten(sums)
+        trees.append(tree)
+        return jnp.stack(leaves + [largest_layer_bytes_of(model, precision)])
+
+    chunks = [native.fence(jax.vmap(chunk_sums)(scenario.workloads, r, model, precision))
+              for model, precision in zip(models, formats, strict=True)]  # [M, T + 1] each
+    total = functools.reduce(jnp.add, [x[:, :-1] for x in chunks])
+    sums = jax.tree.unflatten(trees[0], [total[:, j] for j in range(total.shape[1])])
+    sums["largest_layer"] = functools.reduce(jnp.maximum, [x[:, -1] for x in chunks])
+    return sums
 
 
 # On CPU a large batch runs in chunks small enough for their intermediates to stay in cache:
@@ -892,8 +946,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is unpacked into NumPy
     views on the host: the outputs' shapes follow from ``(batch_shape, m, l, n_pools)``, so
     every trace of the program has the same packed layout. ``entry_capacity``: one plan as its
-    ``[m, entry_capacity]`` (class, format) entries (:func:`evaluate_entries`) and its integer
-    fields ``int32[8 * m]``, two arrays, with ``layer_stability`` per entry. ``check_rules``:
+    ``[m, entry_capacity]`` (class, format) entries (:func:`evaluate_entries`: a tuple of
+    their chunks, :func:`_entry_chunks`) and its integer fields ``int32[8 * m]``, with
+    ``layer_stability`` per entry (one chunk only). ``check_rules``:
     one plan, returned with whether it breaks a rule of ``validate_plan``
     (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
     n = math.prod(batch_shape)
@@ -908,7 +963,7 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     def run(scenario, plan):
         if scenario_layout is not None:
             scenario = unpack(scenario_layout, scenario)
-        if entry_capacity:  # (entries [m, capacity], int fields [8 * m]): two buffers
+        if entry_capacity:  # (entries' chunks [m, width], int fields [8 * m])
             entries, ints = plan
             ints = ints.reshape(len(INT_FIELDS), m)
             plan = Plan(precision=entries, **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
@@ -992,7 +1047,10 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             full = scenario.row_classes is not None
             _SCENARIO_ARGS[key] = (kept[0], _Packed(
                 args, row_pairs(scenario.row_classes, scenario.num_layers,
-                                entry_capacities(scenario.num_tenants)) if full else None,
+                                entry_capacities(
+                                    scenario.num_tenants,
+                                    scenario.row_classes.shape[-2] * F.NUM_FORMATS))
+                if full else None,
                 _packed_scenario(_without_rows(scenario)) if full else None, {}))
             return args
         return None, scenario
@@ -1215,21 +1273,49 @@ def jax_ready_plan(plan: Plan) -> Plan:
     return plan.replace(**fixes) if fixes else plan
 
 
-def entry_capacities(num_tenants: int) -> tuple[int, ...]:
+def entry_capacities(num_tenants: int, class_pairs: int = 0) -> tuple[int, ...]:
     """Entries per tenant of one host plan evaluated by its (class, format) pairs, one
     program per capacity, the smallest that holds the plan's pairs used: the most that keep
     its ``[M, capacity]`` entries, and every per-entry value of its program, within
-    ``SEQUENTIAL_BUFFER_BYTES`` at 4 bytes each (32 for 4 tenants: a format per layer kind
-    with the first and last blocks in another format, 25 pairs for one reference tenant,
-    fits), and three quarters of that (24): measured in one process on the reference
-    scenario, a plan of 12-14 pairs per tenant took ~113-116 µs a call with 24 entries per
-    tenant against ~121-127 µs with 32 (and ~118-122 µs with 16). Empty (the rows' program)
-    when the plan's integer fields alone, ``int32[8 * M]``, exceed that size (17 tenants or
-    more)."""
+    ``SEQUENTIAL_BUFFER_BYTES`` at 4 bytes each (:func:`entry_width`: 32 for 4 tenants, a
+    format per layer kind with the first and last blocks in another format, 25 pairs for one
+    reference tenant, fits), and three quarters of that (24): measured in one process on the
+    reference scenario, a plan of 12-14 pairs per tenant took ~113-116 µs a call with 24
+    entries per tenant against ~121-127 µs with 32 (and ~118-122 µs with 16). Then, for a
+    scenario of ``class_pairs`` (class, format) pairs per tenant, the multiples of that
+    width up to the one that holds them all, at most ``ENTRY_CHUNKS`` widths: such entries
+    travel and are evaluated in chunks of that width (:func:`evaluate_entries`), so a plan
+    with a format drawn per row (85-130 pairs a reference tenant) keeps a program of small
+    buffers too. Empty (the rows' program) when the plan's integer fields alone, ``int32[8
+    * M]``, exceed that size (17 tenants or more)."""
     if len(INT_FIELDS) * 4 * num_tenants > SEQUENTIAL_BUFFER_BYTES:
         return ()
-    most = SEQUENTIAL_BUFFER_BYTES // 4 // num_tenants
-    return tuple(sorted({most * 3 // 4, most} - {0}))
+    width = entry_width(num_tenants)
+    chunks = min(-(-class_pairs // width), ENTRY_CHUNKS)
+    return (tuple(sorted({width * 3 // 4, width} - {0}))
+            + tuple(width * k for k in range(2, chunks + 1)))
+
+
+def entry_width(num_tenants: int) -> int:
+    """Entries per tenant of one chunk of a host plan's (class, format) entries: the most
+    whose ``int32[M, width]`` is within ``SEQUENTIAL_BUFFER_BYTES`` (32 for 4 tenants)."""
+    return SEQUENTIAL_BUFFER_BYTES // 4 // max(num_tenants, 1)
+
+
+# The most chunks of one host plan's entries (:func:`entry_capacities`): 6 hold every pair of
+# a reference tenant (16 classes x 12 formats).
+ENTRY_CHUNKS = 8
+
+
+def _entry_chunks(entries: np.ndarray) -> tuple:
+    """One host plan's entries ``int32[M, capacity]`` as the program of its capacity takes
+    them: chunks ``[M, entry_width(M)]`` (:func:`entry_capacities`), contiguous, or the
+    array alone."""
+    m, cap = entries.shape
+    width = entry_width(m)
+    if cap <= width:
+        return (entries,)
+    return tuple(np.ascontiguousarray(entries.reshape(m, cap // width, width).swapaxes(0, 1)))
 
 
 def _on_host(plan: Plan) -> Plan:
@@ -1290,7 +1376,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
         layout, arrays = packed.entry_args
         program = _host_program(packed.kept, m, l, n_pools, layout, False,
                                 entries.shape[1])
-        out, broken = program(arrays, (entries, _int_vector(ints)))
+        out, broken = program(arrays, (_entry_chunks(entries), _int_vector(ints)))
         if broken and check_rules:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():

@@ -101,6 +101,15 @@ def layer_gather_bytes(model: A.ModelSpec, storage):
     return model.params / jnp.maximum(model.count, 1.0) * (storage + F.gradient_bytes(storage))
 
 
+def largest_layer_bytes_of(model: A.ModelSpec, precision, row_weight=None):
+    """The largest :func:`layer_gather_bytes` of the rows present (``row_weight`` as
+    :func:`tenant_memory`'s), in their formats ``precision``; 0 for none: what ZeRO-3
+    gathers at once."""
+    storage, = F.select_columns(precision, _STORAGE_ACTIVATION[:, :1])
+    return jnp.max(jnp.where(row_present(model.valid, row_weight),
+                             layer_gather_bytes(model, storage), 0.0))
+
+
 # Storage and activation bytes per format, the two columns every row looks up.
 _STORAGE_ACTIVATION = np.stack([F.STORAGE_BYTES, F.ACTIVATION_BYTES], axis=-1).astype(np.float32)
 
@@ -178,9 +187,7 @@ def tenant_memory(model: A.ModelSpec, workload, precision, kv_precision, tp, pp,
 
     # ZeRO-3 gathers one whole layer (and its gradient) at a time.
     if largest_layer_bytes is None:
-        storage, = F.select_columns(precision, _STORAGE_ACTIVATION[:, :1])
-        largest_layer_bytes = jnp.max(jnp.where(row_present(model.valid, row_weight),
-                                                layer_gather_bytes(model, storage), 0.0))
+        largest_layer_bytes = largest_layer_bytes_of(model, precision, row_weight)
     gathered = jnp.where(zero_stage >= 3, largest_layer_bytes / tp, 0.0)
     weights = weights_total / model_shard / jnp.where(zero_stage >= 3, dp, 1.0)
     if offload_params:

@@ -215,6 +215,15 @@ def row_roofline(r: Roofline, rows: dict, seconds_per_flop, gemm_fixed_seconds):
             jnp.where(rows["valid"], launch_count * fixed, 0.0))
 
 
+def roofline_row_sums(r: Roofline, model: A.ModelSpec, precision, row_weight=None) -> list:
+    """``[roofline seconds, launch seconds]`` of :func:`row_roofline` summed over ``model``'s
+    rows in the formats ``precision``, each row counted ``row_weight`` times (None: once),
+    before tensor and pipeline parallelism: what :func:`tenant_step_time` sums."""
+    roof, launches = row_roofline(r, roofline_rows(model, precision), *F.select_columns(
+        precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
+    return row_sums([roof, launches], row_weight)
+
+
 # The launches' sum of row_roofline grouped by launch cost: a GEMM row launches at its
 # format's fixed cost (group = its format), any other row at KERNEL_LAUNCH_SECONDS (group
 # NUM_FORMATS). A caller that sums weights per group (the class path, native.weighted_sums)
@@ -301,9 +310,7 @@ def tenant_step_time(model: A.ModelSpec, workload, pool, precision, kv_precision
     # Per-row roofline with the mode's coefficients (roofline_factors, row_roofline).
     passes, tokens_replica, m, seqs = r.passes, r.tokens_replica, r.micro_batches, r.sequences
     if roofline_sums is None:
-        roof, launches = row_roofline(r, roofline_rows(model, precision), *F.select_columns(
-            precision, jnp.stack([r.seconds_per_flop, r.gemm_fixed_seconds], axis=-1)))
-        roofline_sums = row_sums([roof, launches], row_weight)
+        roofline_sums = roofline_row_sums(r, model, precision, row_weight)
     roof_sum, launch_sum = roofline_sums[0] / tp, roofline_sums[1]
     # The plan-independent sums of the rows, as one contraction (rowclasses.row_sums).
     autocast = weight_storage_bytes is not None
