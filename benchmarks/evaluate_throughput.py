@@ -289,13 +289,14 @@ def program_kernels(sc, plan) -> int:
     compact = None
     if sc.row_classes is not None:  # at full resolution by its pairs where they fit
         caps = kernel.entry_capacities(m, sc.row_classes.shape[-2] * F.NUM_FORMATS)
-        compact = compact_entries(row_pairs(sc.row_classes, l, caps), plan.precision)
+        compact = compact_entries(row_pairs(sc.row_classes, l, caps), plan.precision,
+                                  np.asarray(kernel._pair_row_terms(sc)))
     if compact is None:  # the rows' program
         layout, args = kernel._packed_scenario(sc)
         packed = kernel._plan_vector(plan.precision, ints)
     else:  # by its (class, format) entries, on the scenario without its rows
         layout, args = kernel._packed_scenario(kernel._without_rows(sc))
-        packed = (kernel._entry_chunks(compact[0]), kernel._int_vector(ints))
+        packed = (kernel._entry_chunks(compact[0]), kernel._int_vector(ints), compact[2])
     # (by its entries, ``layer_stability`` comes from the scenario's per-pair table)
     program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
                               compact is None, 0 if compact is None else compact[0].shape[1],

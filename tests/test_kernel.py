@@ -274,15 +274,17 @@ def test_compact_entries_against_a_python_count(dtype, form):
     with their row counts, every row's pair number is its (tenant, class, format) (rows of
     no class numbered after every class pair, by tenant and format), and a tenant with more
     pairs than the largest capacity gives None: by NumPy (``rowclasses.compact_entries``)
-    and by the extension's one call (``native.compact_pairs``, where it is built)."""
+    and by the extension's one call (``native.compact_pairs``, where it is built); with a
+    table of per-pair terms, their sums are each pair's rows times its terms."""
     from libratio_jax.physics.rowclasses import ENTRY_SHIFT, compact_entries, row_pairs
 
     if form == "native":
         if not native.status().compact:
             pytest.skip(native.status().reason)
 
-        def compact_entries(pairs, prec):  # noqa: F811 (the native form under test)
-            got = native.compact_pairs(pairs.base, prec, pairs.code.shape[1], pairs.capacities)
+        def compact_entries(pairs, prec, table=None):  # noqa: F811 (the native form)
+            got = native.compact_pairs(pairs.base, prec, pairs.code.shape[1], pairs.capacities,
+                                       table)
             assert got is not NotImplemented
             return got
 
@@ -292,6 +294,7 @@ def test_compact_entries_against_a_python_count(dtype, form):
     row_class = {(t, int(grid[t, j, k])): j
                  for t, j, k in zip(*np.nonzero(grid < l), strict=True)}
     rng = np.random.default_rng(2)
+    table = rng.uniform(-2.0, 3e5, (m, c * 12, 5)).astype(np.float32)
     verdicts, chosen = [], set()
     for capacities in ((24,), (40, 16)):
         pairs = row_pairs(grid, l, capacities)
@@ -302,7 +305,7 @@ def test_compact_entries_against_a_python_count(dtype, form):
                              for t in range(m)])
             prec[rng.random(prec.shape) < 0.02 * trial] = rng.integers(0, 12)  # ...and others
             prec = prec.astype(dtype)
-            got = compact_entries(pairs, prec)
+            got = compact_entries(pairs, prec, table if trial % 2 else None)
             verdicts.append(got is None)
             used = [sorted({(row_class[t, r], int(prec[t, r])) for r in range(l)
                             if (t, r) in row_class}) for t in range(m)]
@@ -311,13 +314,21 @@ def test_compact_entries_against_a_python_count(dtype, form):
                 continue
             capacity = min(c for c in capacities if c >= max(map(len, used)))
             chosen.add((capacities, capacity))
-            entries, pair = got
+            entries, pair, sums = got
             assert entries.shape == (m, capacity) and pair.shape == (m, l)
+            assert (sums is None) == (trial % 2 == 0)
             for t in range(m):
-                want = [((j * 12 + f) << ENTRY_SHIFT)
-                        | sum(row_class.get((t, r)) == j and prec[t, r] == f for r in range(l))
+                rows = [sum(row_class.get((t, r)) == j and prec[t, r] == f for r in range(l))
                         for j, f in used[t]]
+                want = [((j * 12 + f) << ENTRY_SHIFT) | n
+                        for (j, f), n in zip(used[t], rows, strict=True)]
                 assert entries[t].tolist() == want + [0] * (capacity - len(want))
+                if sums is not None:
+                    assert sums.dtype == np.float32 and sums.shape == (m, 5)
+                    totals = [sum(n * float(table[t, j * 12 + f, k])
+                                  for (j, f), n in zip(used[t], rows, strict=True))
+                              for k in range(5)]
+                    np.testing.assert_allclose(sums[t], totals, rtol=1e-6)
                 for r in range(l):
                     assert pair[t, r] == (
                         (t * c + row_class[t, r]) * 12 + int(prec[t, r])
@@ -388,12 +399,13 @@ def test_entry_programs_hold_only_small_buffers(monkeypatch, request):
     itemsize = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
     caps = kernel.entry_capacities(m, sc.row_classes.shape[-2] * F.NUM_FORMATS)
-    assert len(caps) > 3
+    row_totals = np.asarray(kernel._pair_row_terms(sc))[:, 0]  # [M, T]
+    assert len(caps) > 3 and row_totals.nbytes <= kernel.SEQUENTIAL_BUFFER_BYTES
     for cap in caps[:3] + caps[-1:]:  # one chunk (both), two, and the most
         program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
                                   False, cap, True)
         chunks = kernel._entry_chunks(np.zeros((m, cap), np.int32))
-        text = program.lower(args, (chunks, ints)).compile().as_text()
+        text = program.lower(args, (chunks, ints, row_totals)).compile().as_text()
         entry = text[text.index("ENTRY"):]
         # no nested computations whose buffers the entry's instructions would not show
         assert not re.search(r" (while|call|conditional)\(", entry)

@@ -434,14 +434,30 @@ def test_compact_pairs_refuses_what_it_cannot_read():
     prec = rng.integers(0, 2, (m, l))  # at most 4 classes x 2 formats = 8 pairs a tenant
     prec[:, :4] = 0
 
-    def compact(x, caps=pairs.capacities):
-        return native.compact_pairs(pairs.base, x, c * F.NUM_FORMATS, caps)
+    table = rng.uniform(0.0, 1e4, (m, c * F.NUM_FORMATS, 3)).astype(np.float32)
+
+    def compact(x, caps=pairs.capacities, table=None):
+        return native.compact_pairs(pairs.base, x, c * F.NUM_FORMATS, caps, table)
 
     for dtype in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"):
-        want, got = compact_entries(pairs, prec.astype(dtype)), compact(prec.astype(dtype))
-        for x, y in zip(want or (), got or (), strict=True):
-            np.testing.assert_array_equal(x, y)
-        assert (want is None) == (got is None)
+        for t in (None, table):
+            want = compact_entries(pairs, prec.astype(dtype), t)
+            got = compact(prec.astype(dtype), table=t)
+            for x, y in zip(want or (), got or (), strict=True):
+                if x is None:
+                    assert y is None
+                else:
+                    np.testing.assert_allclose(x, y, rtol=1e-6)
+            assert (want is None) == (got is None)
+    # a table it cannot read (another dtype, shape, byte order or order): refused
+    for other in (table.astype(np.float64), table[:, :-1], table[..., :2], table[:1],
+                  table.astype(">f4"), np.asfortranarray(table), table[..., 0]):
+        assert compact(prec, table=other) is NotImplemented
+    sums = np.empty((m, 3), np.float32)
+    sums.flags.writeable = False  # sums it cannot write
+    assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
+                                     np.empty(m * 6, np.int32), c * F.NUM_FORMATS, (6,),
+                                     table, sums) is None
     assert compact(prec, (1,)) is None
     for bad in (-1, F.NUM_FORMATS, 127):
         spoiled = prec.astype("i1")

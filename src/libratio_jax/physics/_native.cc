@@ -1109,6 +1109,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
 // lies outside [0, kFormats) (nothing useful written: the caller validates, which raises);
 // None when an argument is not of the kinds above, class_pairs exceeds kMaxClassPairs or
 // the counts cannot be allocated (the caller falls back to NumPy). Never raises.
+// Optionally (table, sums): table float32[M, class_pairs, T] (C order), sums float32[M, T]
+// (written where a capacity holds the pairs: each tenant's pairs' row counts times their
+// rows of the table, summed in float32; the row totals of a plan's plan-independent row
+// terms, physics.kernel._pair_row_terms).
 
 // Pair numbers (base + id) and per-pair row counts of ids of type T; false when an id lies
 // outside [0, kFormats).
@@ -1161,16 +1165,20 @@ constexpr Py_ssize_t kMaxClassPairs = 1 << 15;  // (j << 16 | rows) fits an int3
 
 static PyObject* Compact(PyObject*, PyObject* args) {
   PyObject *base_obj, *prec_obj, *pair_obj, *entries_obj, *caps_obj;
+  PyObject *table_obj = Py_None, *sums_obj = Py_None;
   Py_ssize_t class_pairs;
-  if (!PyArg_ParseTuple(args, "OOOOnO", &base_obj, &prec_obj, &pair_obj, &entries_obj,
-                        &class_pairs, &caps_obj)) {
+  if (!PyArg_ParseTuple(args, "OOOOnO|OO", &base_obj, &prec_obj, &pair_obj, &entries_obj,
+                        &class_pairs, &caps_obj, &table_obj, &sums_obj)) {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  BufferView base, prec, pair, entries;
+  BufferView base, prec, pair, entries, table, sums;
   const int in = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, out = in | PyBUF_WRITABLE;
   if (!base.Get(base_obj, in) || !prec.Get(prec_obj, in) || !pair.Get(pair_obj, out) ||
       !entries.Get(entries_obj, out) || !PyTuple_Check(caps_obj))
+    Py_RETURN_NONE;
+  const bool summed = table_obj != Py_None || sums_obj != Py_None;
+  if (summed && (!table.Get(table_obj, in) || !sums.Get(sums_obj, out)))
     Py_RETURN_NONE;
   const char prec_code = IntCode(prec.view.format, prec.view.itemsize);
   if (base.view.ndim != 2 || prec.view.ndim != 2 || pair.view.ndim != 2 || !prec_code ||
@@ -1181,6 +1189,17 @@ static PyObject* Compact(PyObject*, PyObject* args) {
   if (prec.view.shape[0] != m || prec.view.shape[1] != l || pair.view.shape[0] != m ||
       pair.view.shape[1] != l || class_pairs <= 0 || class_pairs > kMaxClassPairs ||
       l >= (1 << 16))
+    Py_RETURN_NONE;
+  const auto is_float32 = [](const Py_buffer& v) {
+    return v.itemsize == 4 && v.format && (!std::strcmp(v.format, "f") ||
+                                           !std::strcmp(v.format, "=f") ||
+                                           (!std::strcmp(v.format, "<f") && PY_LITTLE_ENDIAN));
+  };
+  const Py_ssize_t terms = summed && table.view.ndim == 3 ? table.view.shape[2] : 0;
+  if (summed && (table.view.ndim != 3 || sums.view.ndim != 2 || !is_float32(table.view) ||
+                 !is_float32(sums.view) || table.view.shape[0] != m ||
+                 table.view.shape[1] != class_pairs || sums.view.shape[0] != m ||
+                 sums.view.shape[1] != terms))
     Py_RETURN_NONE;
   const Py_ssize_t n_caps = PyTuple_GET_SIZE(caps_obj);
   std::vector<Py_ssize_t> caps(n_caps);
@@ -1230,6 +1249,8 @@ static PyObject* Compact(PyObject*, PyObject* args) {
     }
   if (!cap) return PyLong_FromLong(0);
   int32_t* e = static_cast<int32_t*>(entries.view.buf);
+  const float* tab = summed ? static_cast<const float*>(table.view.buf) : nullptr;
+  float* out_sums = summed ? static_cast<float*>(sums.view.buf) : nullptr;
   for (Py_ssize_t t = 0; t < m; ++t) {
     int32_t* row = e + t * cap;
     Py_ssize_t k = 0;
@@ -1238,6 +1259,14 @@ static PyObject* Compact(PyObject*, PyObject* args) {
       if (c) row[k++] = static_cast<int32_t>((j << 16) | c);
     }
     std::fill(row + k, row + cap, 0);
+    if (!summed) continue;
+    float* acc = out_sums + t * terms;  // float32 sums, as XLA's, over the pairs used
+    std::fill(acc, acc + terms, 0.0f);
+    for (Py_ssize_t i = 0; i < k; ++i) {
+      const float w = static_cast<float>(row[i] & 0xffff);
+      const float* terms_row = tab + (t * class_pairs + (row[i] >> 16)) * terms;
+      for (Py_ssize_t q = 0; q < terms; ++q) acc[q] += w * terms_row[q];
+    }
   }
   return PyLong_FromSsize_t(cap);
 }

@@ -60,7 +60,6 @@ from libratio_jax.physics.rowclasses import (
     format_ids,
     own_classes,
     row_pairs,
-    row_sums,
 )
 from libratio_jax.physics.scenario import TRAIN, Scenario
 from libratio_jax.physics.stability import stability_row_terms, tenant_stability
@@ -709,21 +708,19 @@ def rows_layer_stability(scenario: Scenario, precision, plan_valid):
     return stability.rows_stability(table, precision, keep)
 
 
-def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
+def evaluate_entries(scenario: Scenario, plan: Plan, entries, row_totals) -> Metrics:
     """:func:`evaluate_one` of one plan whose row formats are given as its (class, format)
-    pairs, ``entries`` int32 ``[M, K]`` (:func:`~libratio_jax.physics.rowclasses.
-    compact_entries`), or a tuple of such arrays (the pairs split in chunks along ``K``), on
-    a full-resolution scenario: the physics of the class path on just the pairs the plan
-    uses, so every buffer is a few hundred bytes (``lj.evaluate``'s path for one host plan).
-    ``layer_stability`` is per entry, ``[M, K]``, for one array and None for chunks
-    (``lj.evaluate`` takes a row's from the scenario's per-pair table instead,
-    :func:`_pair_layer_stability`: it depends on the row's pair alone); ``plan.precision`` is
-    not read. Chunks are summed chunk by chunk (:func:`_entry_sums`), so each per-entry value
-    is as small as a chunk: a plan with a format drawn per row (85-130 pairs a reference
-    tenant) in ``[4, 32]`` chunks keeps every buffer within ``SEQUENTIAL_BUFFER_BYTES``."""
-    chunks = entries if isinstance(entries, tuple) else (entries,)
-    codes = [x >> ENTRY_SHIFT for x in chunks]
-    counts = [(x & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32) for x in chunks]
+    pairs, ``entries`` a tuple of int32 ``[M, K]`` chunks of them
+    (:func:`~libratio_jax.physics.rowclasses.compact_entries`, split along ``K``), with the
+    sums of its plan-independent row terms ``row_totals`` float32 ``[M, T]`` (its pairs'
+    row counts times :func:`_pair_row_terms`, summed on the host), on a full-resolution
+    scenario: the physics of the class path on just the pairs the plan uses, so every
+    buffer is a few hundred bytes (``lj.evaluate``'s path for one host plan: a chunk
+    ``[4, 32]`` on the reference scenario). ``layer_stability`` is None (``lj.evaluate``
+    takes a row's from the scenario's per-pair table, :func:`_pair_layer_stability`: it
+    depends on the row's pair alone); ``plan.precision`` is not read."""
+    codes = [x >> ENTRY_SHIFT for x in entries]
+    counts = [(x & ((1 << ENTRY_SHIFT) - 1)).astype(jnp.float32) for x in entries]
     coarse = scenario.coarse_models
     rows = jnp.sum(jnp.where(coarse.valid, coarse.count, 0.0), axis=-1)
     counted = functools.reduce(jnp.add, [jnp.sum(c, axis=-1) for c in counts])
@@ -731,42 +728,62 @@ def evaluate_entries(scenario: Scenario, plan: Plan, entries) -> Metrics:
     models = [entry_model(coarse, code // F.NUM_FORMATS, c)
               for code, c in zip(codes, counts, strict=True)]
     formats = [code % F.NUM_FORMATS for code in codes]
-    if len(chunks) == 1:
-        return _evaluate_tenants(scenario, models[0], formats[0], 0, fields, valid)
-    sums = _entry_sums(scenario, models, formats, fields)
+    sums = _entry_sums(scenario, models, formats, fields, row_totals)
     # (the models' per-tenant scalars from the first chunk; their rows are not read)
     out = _evaluate_tenants(scenario, models[0], formats[0], 0, fields, valid, sums=sums)
     return out.replace(layer_stability=None)
 
 
-def _entry_sums(scenario: Scenario, models: list, formats: list, fields: dict) -> dict:
+def _entry_sums(scenario: Scenario, models: list, formats: list, fields: dict,
+                row_totals) -> dict:
     """The plan-dependent row sums :func:`_tenant_metrics` takes (``sums``, ``[M]`` each) of
-    rows given in chunks (``models`` and their ``formats``, ``[M, K]`` each): each module's
-    sums of its row terms, the roofline's, and the largest layer, summed (the largest:
-    maximized) chunk by chunk. Each chunk's sums are fenced (``native.fence``, one ``[M,
-    16]`` array a chunk): else XLA fuses every chunk's per-entry work into the kernel that
-    adds them up, and its cost model splits a kernel that large over two threads (a
-    handoff that cost a reference plan of 4 chunks ~20 µs a call on 2 cores)."""
+    rows given in chunks (``models`` and their ``formats``, ``[M, K]`` each): the modules'
+    plan-independent sums, split from ``row_totals`` (``[M, T]``, ``_ROW_TERMS`` in order),
+    the roofline's sums and the largest layer, summed (the largest: maximized) chunk by
+    chunk. Each chunk's are fenced (``native.fence``, one ``[M, 3]`` array a chunk): in an
+    earlier form, without a fence, XLA fused every chunk's per-entry work into the kernel
+    that added them up, and its cost model split that kernel over two threads (a handoff
+    that cost a reference plan of 4 chunks ~20 µs a call on 2 cores)."""
     _, pools = _tenant_pools(scenario.cluster, fields["pool"])
     r = jax.vmap(_tenant_factors)(scenario.workloads, pools, models[0],
                                   *(fields[f] for f in _FACTOR_FIELDS))
-    trees = []
 
-    def chunk_sums(workload, r, model, precision):  # one tenant's chunk: [T + 1]
-        sums = dict(memory=row_sums(memory_row_terms(model, workload, precision)),
-                    step=row_sums(step_row_terms(model, precision)),
-                    stability=row_sums(stability_row_terms(model, workload.mode, precision)),
-                    roofline=roofline_row_sums(r, model, precision))
-        leaves, tree = jax.tree.flatten(sums)
-        trees.append(tree)
-        return jnp.stack(leaves + [largest_layer_bytes_of(model, precision)])
+    def chunk_sums(r, model, precision):  # one tenant's chunk: [3]
+        return jnp.stack(roofline_row_sums(r, model, precision)
+                         + [largest_layer_bytes_of(model, precision)])
 
-    chunks = [native.fence(jax.vmap(chunk_sums)(scenario.workloads, r, model, precision))
-              for model, precision in zip(models, formats, strict=True)]  # [M, T + 1] each
-    total = functools.reduce(jnp.add, [x[:, :-1] for x in chunks])
-    sums = jax.tree.unflatten(trees[0], [total[:, j] for j in range(total.shape[1])])
-    sums["largest_layer"] = functools.reduce(jnp.maximum, [x[:, -1] for x in chunks])
+    chunks = [native.fence(jax.vmap(chunk_sums)(r, model, precision))
+              for model, precision in zip(models, formats, strict=True)]  # [M, 3] each
+    roofline = functools.reduce(jnp.add, [x[:, :2] for x in chunks])
+    sums = dict(roofline=(roofline[:, 0], roofline[:, 1]),
+                largest_layer=functools.reduce(jnp.maximum, [x[:, 2] for x in chunks]))
+    start = 0
+    for name, n in _row_term_counts(scenario).items():
+        sums[name] = tuple(row_totals[:, start + k] for k in range(n))
+        start += n
     return sums
+
+
+def _row_term_counts(scenario: Scenario) -> dict:
+    """How many plan-independent row terms each module of ``_ROW_TERMS`` has (its
+    ``row_totals``), in order, from their shapes alone."""
+    def terms(sc):
+        models = jax.vmap(class_model)(sc.coarse_models)
+        return {name: jax.vmap(fn)(models, sc.workloads) for name, fn in _ROW_TERMS.items()}
+
+    shapes = jax.eval_shape(terms, scenario)  # (a dict comes back in its keys' order)
+    return {name: len(shapes[name]) for name in _ROW_TERMS}
+
+
+def _pair_row_terms(scenario: Scenario):
+    """``float32[M, C x F, T]``: each (class, format) pair's plan-independent row terms for
+    one row (the class path's, :func:`_class_rows`, every module's in ``_ROW_TERMS`` order),
+    so that a host plan's row totals are its pairs' row counts times these
+    (``native.compact_pairs``; :func:`evaluate_entries`). Once per scenario."""
+    terms = _class_rows(scenario)["terms"]
+    stacked = jnp.concatenate([terms[name] for name in _ROW_TERMS], axis=1)  # [M, T, C, F]
+    m, t, c, f = stacked.shape
+    return jnp.swapaxes(stacked.reshape(m, t, c * f), 1, 2)
 
 
 # On CPU a large batch runs in chunks small enough for their intermediates to stay in cache:
@@ -947,9 +964,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     views on the host: the outputs' shapes follow from ``(batch_shape, m, l, n_pools)``, so
     every trace of the program has the same packed layout. ``entry_capacity``: one plan as its
     ``[m, entry_capacity]`` (class, format) entries (:func:`evaluate_entries`: a tuple of
-    their chunks, :func:`_entry_chunks`) and its integer fields ``int32[8 * m]``, with
-    ``layer_stability`` per entry (one chunk only). ``check_rules``:
-    one plan, returned with whether it breaks a rule of ``validate_plan``
+    their chunks, :func:`_entry_chunks`), its integer fields ``int32[8 * m]`` and its row
+    totals ``float32[m, T]``, without ``layer_stability`` (``layer_stability`` False).
+    ``check_rules``: one plan, returned with whether it breaks a rule of ``validate_plan``
     (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
     n = math.prod(batch_shape)
     # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
@@ -963,18 +980,16 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     def run(scenario, plan):
         if scenario_layout is not None:
             scenario = unpack(scenario_layout, scenario)
-        if entry_capacity:  # (entries' chunks [m, width], int fields [8 * m])
-            entries, ints = plan
+        if entry_capacity:  # (entries' chunks [m, width], int fields [8 * m], row totals)
+            entries, ints, row_totals = plan
             ints = ints.reshape(len(INT_FIELDS), m)
             plan = Plan(precision=entries, **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
         elif packed_plan:
             ints = plan[n * m * l:].reshape((len(INT_FIELDS),) + batch_shape + (m,))
             plan = Plan(precision=plan[:n * m * l].reshape(batch_shape + (m, l)),
                         **{f: ints[j] for j, f in enumerate(INT_FIELDS)})
-        if entry_capacity:
-            out = evaluate_entries(scenario, plan, plan.precision)  # layer_stability per entry
-            if not layer_stability:
-                out = out.replace(layer_stability=None)
+        if entry_capacity:  # (layer_stability: the caller's, from the pairs)
+            out = evaluate_entries(scenario, plan, plan.precision, row_totals)
         else:
             out = _run(batch_shape, scenario, plan, layer_stability)
         if check_rules:
@@ -1024,7 +1039,8 @@ class _Packed(NamedTuple):
     pairs: RowPairs | None  # ``rowclasses.row_pairs`` of a full-resolution scenario
     entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
     kept: dict  # what one host plan needs, made when first needed: its programs
-    # (``_host_program``) and the pairs' ``layer_stability`` (``_pair_layer_stability``)
+    # (``_host_program``), the pairs' ``layer_stability`` (``_pair_layer_stability``) and
+    # row terms (``_pair_row_terms``)
 
 
 _SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | _Packed)
@@ -1118,6 +1134,7 @@ def _int_vector(ints) -> np.ndarray:
 
 
 _PAIR_LAYER_STABILITY = "pair_layer_stability"  # its key in ``_Packed.kept``
+_PAIR_ROW_TERMS = "pair_row_terms"  # ``_pair_row_terms``' key in ``_Packed.kept``
 
 
 @jax.jit
@@ -1365,18 +1382,23 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     m, l = plan.precision.shape
     pairs = packed.pairs
     by_pairs = pairs is not None and pairs.capacities
+    table = None
+    if by_pairs:
+        table = packed.kept.get(_PAIR_ROW_TERMS)
+        if table is None:
+            table = packed.kept[_PAIR_ROW_TERMS] = np.asarray(_pair_row_terms(scenario))
     compact = (native.compact_pairs(pairs.base, plan.precision, pairs.code.shape[1],
-                                    pairs.capacities) if by_pairs else NotImplemented)
+                                    pairs.capacities, table) if by_pairs else NotImplemented)
     if compact is NotImplemented:  # its format ids not read yet
         if not format_ids_in_range(plan.precision):
             return None  # the caller validates (which raises) or sanitizes them
-        compact = compact_entries(pairs, plan.precision) if by_pairs else None
+        compact = compact_entries(pairs, plan.precision, table) if by_pairs else None
     if compact is not None:
-        entries, pair = compact
+        entries, pair, row_totals = compact
         layout, arrays = packed.entry_args
         program = _host_program(packed.kept, m, l, n_pools, layout, False,
                                 entries.shape[1])
-        out, broken = program(arrays, (_entry_chunks(entries), _int_vector(ints)))
+        out, broken = program(arrays, (_entry_chunks(entries), _int_vector(ints), row_totals))
         if broken and check_rules:
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():

@@ -275,28 +275,35 @@ def _native_picks(grid, ids, start, table, peaks, weights, groups, picks, *, n_g
     return EntrySums(sums, peak, by_group), picked, complete
 
 
-def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]):
+def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...], table=None):
     """One host plan's entries, as ``rowclasses.compact_entries`` makes them with NumPy, in
     one native call (a single plan's call is latency-bound: ~10 NumPy calls took ~15-40 µs,
-    this ~4): ``(entries int32[M, capacity], pair intp[M, L])`` of ``base intp[M, L]`` (a
-    row's pair number in format 0) and ``precision`` (``[M, L]``, C order, any integer type
-    in native byte order), each tenant's ``class_pairs`` pair numbers ``m * class_pairs ..``
-    counted; ``None`` when no capacity of ``capacities`` (ascending) holds a tenant's pairs;
-    ``NotImplemented`` when :func:`status` does not allow the native function, the arrays
-    are not of those kinds, or a format id lies outside ``[0, F)`` (the caller's NumPy form
-    then, after validation)."""
+    this ~4): ``(entries int32[M, capacity], pair intp[M, L], sums)`` of ``base intp[M, L]``
+    (a row's pair number in format 0) and ``precision`` (``[M, L]``, C order, any integer
+    type in native byte order), each tenant's ``class_pairs`` pair numbers ``m *
+    class_pairs ..`` counted; with ``table`` (float32 ``[M, class_pairs, T]``, C order)
+    ``sums`` float32 ``[M, T]``, each tenant's pairs' row counts times their rows of the
+    table (summed in float32), else None; ``None`` when no capacity of
+    ``capacities`` (ascending) holds a tenant's pairs; ``NotImplemented`` when
+    :func:`status` does not allow the native function, the arrays are not of those kinds,
+    or a format id lies outside ``[0, F)`` (the caller's NumPy form then, after
+    validation)."""
     if not status().compact:
         return NotImplemented
     try:  # (never raises: a capacity that is not a small non-negative int is refused)
         m, l = base.shape
         pair = np.empty((m, l), np.intp)
         entries = np.empty(m * int(capacities[-1]) if capacities else 0, np.int32)
-    except (TypeError, ValueError, OverflowError, MemoryError, AttributeError):
+        sums = None if table is None else np.empty((m, table.shape[-1]), np.float32)
+    except (TypeError, ValueError, OverflowError, MemoryError, AttributeError, IndexError):
         return NotImplemented
-    cap = _extension.compact(base, precision, pair, entries, class_pairs, capacities)
+    cap = (_extension.compact(base, precision, pair, entries, class_pairs, capacities)
+           if table is None else
+           _extension.compact(base, precision, pair, entries, class_pairs, capacities, table,
+                              sums))
     if cap is None or cap < 0:
         return NotImplemented
-    return (entries[:m * cap].reshape(m, cap), pair) if cap else None
+    return (entries[:m * cap].reshape(m, cap), pair, sums) if cap else None
 
 
 def rows_stability(table, ids, keep, fallback: int, xla_fn):
@@ -482,15 +489,17 @@ def _check_compact(rng) -> None:
         rows = rng.permutation(l)[:c * 7].reshape(c, 7)
         grid[t, :, :7] = rows
     pairs = row_pairs(grid, l, (4, 8))
+    table = rng.uniform(-1e3, 1e6, (m, c * F.NUM_FORMATS, 3)).astype(np.float32)
     for trial in range(4):
         prec = rng.integers(0, 1 + 3 * trial, (m, l)).astype(np.int16)
-        want = compact_entries(pairs, prec)
+        want = compact_entries(pairs, prec, table)
         got = _extension.compact(pairs.base, prec, pair := np.empty((m, l), np.intp),
                                  entries := np.full(m * 8, -7, np.int32), c * F.NUM_FORMATS,
-                                 pairs.capacities)
+                                 pairs.capacities, table, sums := np.zeros((m, 3), np.float32))
         same = (got == 0 if want is None else
                 got == want[0].shape[1] and np.array_equal(pair, want[1])
-                and np.array_equal(entries[:m * got].reshape(m, got), want[0]))
+                and np.array_equal(entries[:m * got].reshape(m, got), want[0])
+                and np.allclose(sums, want[2], rtol=1e-6, atol=0))
         if not same:
             raise RuntimeError("compact differs from rowclasses.compact_entries' NumPy form")
     prec[1, 3] = F.NUM_FORMATS
@@ -498,3 +507,7 @@ def _check_compact(rng) -> None:
         raise RuntimeError("compact takes a format id out of range")
     if _extension.compact(pairs.base, prec.T, pair, entries, c * F.NUM_FORMATS, (8,)) is not None:
         raise RuntimeError("compact takes an array it cannot read")
+    prec[1, 3] = 0
+    if _extension.compact(pairs.base, prec, pair, entries, c * F.NUM_FORMATS, (8,),
+                          table.astype(np.float64), sums) is not None:
+        raise RuntimeError("compact takes a table it cannot read")

@@ -350,13 +350,15 @@ def row_pairs(grid, num_layers: int, capacities) -> RowPairs:
                     tuple(sorted({int(x) for x in np.atleast_1d(capacities)})))
 
 
-def compact_entries(pairs: RowPairs, precision):
+def compact_entries(pairs: RowPairs, precision, table=None):
     """One plan's formats ``precision`` (host ``[M, L]`` ids in ``[0, F)``) as ``(entries
-    int32[M, capacity], pair intp[M, L])``, ``capacity`` the smallest of
+    int32[M, capacity], pair intp[M, L], sums)``, ``capacity`` the smallest of
     ``pairs.capacities`` that holds every tenant's pairs: each tenant's (class, format)
     pairs with their row counts (``ENTRY_SHIFT``), in the order of their numbers, and each
     row's pair number (:class:`RowPairs`: a per-pair table, e.g. the scenario's
-    ``layer_stability`` of every pair, is spread over the rows with one ``take``); ``None``
+    ``layer_stability`` of every pair, is spread over the rows with one ``take``); with
+    ``table`` (float32 ``[M, C * F, T]``: a value per term and class pair) ``sums`` float32
+    ``[M, T]``, the pairs' row counts times their rows of the table, else None; ``None``
     when a tenant uses more pairs than the largest capacity. ``pairs``: :func:`row_pairs`
     of the scenario. (About ten NumPy calls, ~1 µs each alone: one plan's call is
     latency-bound; ``native.compact_pairs`` computes the same in one call.)"""
@@ -375,4 +377,6 @@ def compact_entries(pairs: RowPairs, precision):
     entries = np.zeros((m, cap), np.int32)
     # Each tenant's pairs in order, then padding (a boolean mask fills row by row).
     entries[per_tenant[:, None] > np.arange(cap)] = (pairs.code | counts)[used]
-    return entries, pair
+    sums = (None if table is None else
+            np.einsum("mp,mpt->mt", counts.astype(np.float64), table).astype(np.float32))
+    return entries, pair, sums
