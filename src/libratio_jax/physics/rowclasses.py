@@ -377,6 +377,9 @@ def compact_entries(pairs: RowPairs, precision, table=None):
     entries = np.zeros((m, cap), np.int32)
     # Each tenant's pairs in order, then padding (a boolean mask fills row by row).
     entries[per_tenant[:, None] > np.arange(cap)] = (pairs.code | counts)[used]
-    sums = (None if table is None else
-            np.einsum("mp,mpt->mt", counts.astype(np.float64), table).astype(np.float32))
+    sums = None
+    if table is not None:  # over the pairs used (an unused pair's value is not read)
+        with np.errstate(invalid="ignore", over="ignore"):
+            terms = counts[..., None] * np.asarray(table, np.float64)
+            sums = np.where(used[..., None], terms, 0.0).sum(axis=1).astype(np.float32)
     return entries, pair, sums
