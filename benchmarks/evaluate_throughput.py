@@ -76,9 +76,9 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
     out += batch_records(sc, block_groups, batches, (True, False), repeats, ref_rate)
     if sc.row_classes is not None and reuse_available():
         out += reused_memory_records(max(batches), repeats, ref_rate)
-    # Full resolution: a plan with a format drawn per row (its tenants use up to 192 (class,
-    # format) pairs: evaluated by its rows), one with a format per layer kind, as a text plan
-    # gives (12-16 pairs: evaluated by its pairs, physics.kernel.evaluate_entries), that
+    # Full resolution: a plan with a format drawn per row (its tenants use 85-130 (class,
+    # format) pairs: evaluated by its pairs in chunks, physics.kernel.evaluate_entries), one
+    # with a format per layer kind, as a text plan gives (12-16 pairs: one chunk), that
     # plan with its first and last two blocks in BF16 (up to 25 pairs), and the plan of a
     # format per layer kind in JAX arrays (as Plan.from_choices builds it).
     # Inline dispatch is a setting of JAX's CPU backend: elsewhere only the default is timed.
@@ -288,9 +288,9 @@ def program_kernels(sc, plan) -> int:
     ints = [getattr(plan, f) for f in kernel.INT_FIELDS]
     compact = None
     if sc.row_classes is not None:  # at full resolution by its pairs where they fit
-        caps = kernel.entry_capacities(m, sc.row_classes.shape[-2] * F.NUM_FORMATS)
-        compact = compact_entries(row_pairs(sc.row_classes, l, caps), plan.precision,
-                                  np.asarray(kernel._pair_row_terms(sc)))
+        compact = compact_entries(row_pairs(sc.row_classes, l,
+                                            kernel.scenario_entry_capacities(sc)),
+                                  plan.precision, np.asarray(kernel._pair_row_terms(sc)))
     if compact is None:  # the rows' program
         layout, args = kernel._packed_scenario(sc)
         packed = kernel._plan_vector(plan.precision, ints)

@@ -430,7 +430,7 @@ def test_compact_pairs_refuses_what_it_cannot_read():
     grid = np.full((m, c, 8), l, np.int32)
     for t in range(m):
         grid[t, :, :6] = rng.permutation(l)[:c * 6].reshape(c, 6)
-    pairs = row_pairs(grid, l, (3, 6))
+    pairs = row_pairs(grid, l, (3, 8))
     prec = rng.integers(0, 2, (m, l))  # at most 4 classes x 2 formats = 8 pairs a tenant
     prec[:, :4] = 0
 
@@ -443,21 +443,37 @@ def test_compact_pairs_refuses_what_it_cannot_read():
         for t in (None, table):
             want = compact_entries(pairs, prec.astype(dtype), t)
             got = compact(prec.astype(dtype), table=t)
-            for x, y in zip(want or (), got or (), strict=True):
-                if x is None:
-                    assert y is None
-                else:
+            assert want is not None and got is not None
+            assert (got[2] is None) == (t is None) and (want[2] is None) == (t is None)
+            for x, y in zip(want, got, strict=True):
+                if x is not None:
                     np.testing.assert_allclose(x, y, rtol=1e-5)
-            assert (want is None) == (got is None)
     # a table it cannot read (another dtype, shape, byte order or order): refused
     for other in (table.astype(np.float64), table[:, :-1], table[..., :2], table[:1],
                   table.astype(">f4"), np.asfortranarray(table), table[..., 0]):
         assert compact(prec, table=other) is NotImplemented
     sums = np.empty((m, 3), np.float32)
+    for bad in (np.empty((m, 4), np.float32), np.empty((m + 1, 3), np.float32)):
+        assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
+                                         np.empty(m * 8, np.int32), c * F.NUM_FORMATS, (8,),
+                                         table, bad) is None  # sums of another shape
     sums.flags.writeable = False  # sums it cannot write
     assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
-                                     np.empty(m * 6, np.int32), c * F.NUM_FORMATS, (6,),
+                                     np.empty(m * 8, np.int32), c * F.NUM_FORMATS, (8,),
                                      table, sums) is None
+    # an output sharing memory with another argument: refused (never read back, never a
+    # crash), whichever it shares
+    block = np.zeros(m * 8 + m * 3 + 8, np.int32)
+    entries, overlapping = block[:m * 8], block.view(np.float32)[m * 8 - 2:m * 8 + 3 * m - 2]
+    assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp), entries,
+                                     c * F.NUM_FORMATS, (8,), table,
+                                     overlapping.reshape(m, 3)) is None
+    assert native._extension.compact(pairs.base, prec, pairs.base, np.empty(m * 8, np.int32),
+                                     c * F.NUM_FORMATS, (8,)) is None  # pair over base
+    wide = np.zeros((m, c * F.NUM_FORMATS, 3), np.float32)
+    assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
+                                     np.empty(m * 8, np.int32), c * F.NUM_FORMATS, (8,), wide,
+                                     wide[:, 0]) is None  # sums over the table
     assert compact(prec, (1,)) is None
     for bad in (-1, F.NUM_FORMATS, 127):
         spoiled = prec.astype("i1")

@@ -128,8 +128,10 @@ def test_format_ids_are_checked_in_any_integer_dtype(sc, dtype):
     got = lj.evaluate(sc, p.replace(precision=prec.astype(dtype))).tokens_per_second
     np.testing.assert_array_equal(got, want)
     if dtype == ">i4":  # with a device field the plan travels unpacked: made native first
+        # (by the rows' program, where the host plan was evaluated by its pairs: equal up
+        # to float rounding)
         mixed = p.replace(precision=prec.astype(dtype), gpus=jax.numpy.asarray(p.gpus))
-        np.testing.assert_array_equal(lj.evaluate(sc, mixed).tokens_per_second, want)
+        np.testing.assert_allclose(lj.evaluate(sc, mixed).tokens_per_second, want, rtol=1e-5)
     for bad in (-1, 12) if dtype[1] == "i" else (12,):
         spoiled = prec.astype(dtype)
         spoiled[1, 7] = bad

@@ -1112,7 +1112,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
 // Optionally (table, sums): table float32[M, class_pairs, T] (C order), sums float32[M, T]
 // (written where a capacity holds the pairs: each tenant's pairs' row counts times their
 // rows of the table, summed in float32; the row totals of a plan's plan-independent row
-// terms, physics.kernel._pair_row_terms).
+// terms, physics.kernel._pair_row_terms). None also when an output (pair, entries, sums)
+// shares memory with another argument.
 
 // Pair numbers (base + id) and per-pair row counts of ids of type T; false when an id lies
 // outside [0, kFormats).
@@ -1163,6 +1164,13 @@ struct BufferView {  // a Py_buffer released on scope exit
 
 constexpr Py_ssize_t kMaxClassPairs = 1 << 15;  // (j << 16 | rows) fits an int32 entry
 
+// Whether two buffers' bytes overlap.
+static bool Overlap(const Py_buffer& a, const Py_buffer& b) {
+  const char* pa = static_cast<const char*>(a.buf);
+  const char* pb = static_cast<const char*>(b.buf);
+  return a.len > 0 && b.len > 0 && pa < pb + b.len && pb < pa + a.len;
+}
+
 static PyObject* Compact(PyObject*, PyObject* args) {
   PyObject *base_obj, *prec_obj, *pair_obj, *entries_obj, *caps_obj;
   PyObject *table_obj = Py_None, *sums_obj = Py_None;
@@ -1180,6 +1188,14 @@ static PyObject* Compact(PyObject*, PyObject* args) {
   const bool summed = table_obj != Py_None || sums_obj != Py_None;
   if (summed && (!table.Get(table_obj, in) || !sums.Get(sums_obj, out)))
     Py_RETURN_NONE;
+  // No output may share memory with another argument (a result read back, or an input
+  // overwritten before it is read, would be wrong or out of bounds).
+  const Py_buffer* outputs[] = {&pair.view, &entries.view, summed ? &sums.view : nullptr};
+  const Py_buffer* all[] = {&base.view, &prec.view, &pair.view, &entries.view,
+                            summed ? &table.view : nullptr, summed ? &sums.view : nullptr};
+  for (const Py_buffer* o : outputs)
+    for (const Py_buffer* a : all)
+      if (o && a && o != a && Overlap(*o, *a)) Py_RETURN_NONE;
   const char prec_code = IntCode(prec.view.format, prec.view.itemsize);
   if (base.view.ndim != 2 || prec.view.ndim != 2 || pair.view.ndim != 2 || !prec_code ||
       !IsInt64(base.view) || !IsInt64(pair.view) ||
@@ -1253,20 +1269,19 @@ static PyObject* Compact(PyObject*, PyObject* args) {
   float* out_sums = summed ? static_cast<float*>(sums.view.buf) : nullptr;
   for (Py_ssize_t t = 0; t < m; ++t) {
     int32_t* row = e + t * cap;
+    float* acc = summed ? out_sums + t * terms : nullptr;  // float32 sums, as XLA's
+    if (summed) std::fill(acc, acc + terms, 0.0f);
     Py_ssize_t k = 0;
     for (Py_ssize_t j = 0; j < class_pairs; ++j) {
       const int32_t c = counts[t * class_pairs + j];
-      if (c) row[k++] = static_cast<int32_t>((j << 16) | c);
-    }
-    std::fill(row + k, row + cap, 0);
-    if (!summed) continue;
-    float* acc = out_sums + t * terms;  // float32 sums, as XLA's, over the pairs used
-    std::fill(acc, acc + terms, 0.0f);
-    for (Py_ssize_t i = 0; i < k; ++i) {
-      const float w = static_cast<float>(row[i] & 0xffff);
-      const float* terms_row = tab + (t * class_pairs + (row[i] >> 16)) * terms;
+      if (!c) continue;
+      row[k++] = static_cast<int32_t>((j << 16) | c);
+      if (!summed) continue;
+      const float w = static_cast<float>(c);  // (read from the counts: no output is read)
+      const float* terms_row = tab + (t * class_pairs + j) * terms;
       for (Py_ssize_t q = 0; q < terms; ++q) acc[q] += w * terms_row[q];
     }
+    std::fill(row + k, row + cap, 0);
   }
   return PyLong_FromSsize_t(cap);
 }

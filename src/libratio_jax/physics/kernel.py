@@ -738,7 +738,8 @@ def _entry_sums(scenario: Scenario, models: list, formats: list, fields: dict,
                 row_totals) -> dict:
     """The plan-dependent row sums :func:`_tenant_metrics` takes (``sums``, ``[M]`` each) of
     rows given in chunks (``models`` and their ``formats``, ``[M, K]`` each): the modules'
-    plan-independent sums, split from ``row_totals`` (``[M, T]``, ``_ROW_TERMS`` in order),
+    plan-independent sums, the columns of ``row_totals`` (``[M, T]``, ``_ROW_TERMS`` in
+    order),
     the roofline's sums and the largest layer, summed (the largest: maximized) chunk by
     chunk. Each chunk's are fenced (``native.fence``, one ``[M, 3]`` array a chunk): in an
     earlier form, without a fence, XLA fused every chunk's per-entry work into the kernel
@@ -775,6 +776,7 @@ def _row_term_counts(scenario: Scenario) -> dict:
     return {name: len(shapes[name]) for name in _ROW_TERMS}
 
 
+@jax.jit
 def _pair_row_terms(scenario: Scenario):
     """``float32[M, C x F, T]``: each (class, format) pair's plan-independent row terms for
     one row (the class path's, :func:`_class_rows`, every module's in ``_ROW_TERMS`` order),
@@ -1063,10 +1065,7 @@ def _scenario_args(scenario: Scenario) -> tuple[tuple | None, Any]:
             full = scenario.row_classes is not None
             _SCENARIO_ARGS[key] = (kept[0], _Packed(
                 args, row_pairs(scenario.row_classes, scenario.num_layers,
-                                entry_capacities(
-                                    scenario.num_tenants,
-                                    scenario.row_classes.shape[-2] * F.NUM_FORMATS))
-                if full else None,
+                                scenario_entry_capacities(scenario)) if full else None,
                 _packed_scenario(_without_rows(scenario)) if full else None, {}))
             return args
         return None, scenario
@@ -1313,6 +1312,13 @@ def entry_capacities(num_tenants: int, class_pairs: int = 0) -> tuple[int, ...]:
             + tuple(width * k for k in range(2, chunks + 1)))
 
 
+def scenario_entry_capacities(scenario: Scenario) -> tuple[int, ...]:
+    """:func:`entry_capacities` of a full-resolution scenario (its ``row_classes`` set): its
+    tenant slots and (class, format) pairs per tenant."""
+    return entry_capacities(scenario.num_tenants,
+                            scenario.row_classes.shape[-2] * F.NUM_FORMATS)
+
+
 def entry_width(num_tenants: int) -> int:
     """Entries per tenant of one chunk of a host plan's (class, format) entries: the most
     whose ``int32[M, width]`` is within ``SEQUENTIAL_BUFFER_BYTES`` (32 for 4 tenants)."""
@@ -1360,9 +1366,10 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     cores, a plan with a format per layer kind, inline: ~110-130 against ~290-320 µs a call on
     the earlier machine; asynchronous: ~85-110 against ~190 µs on the twenty-ninth round's).
     The rows' program instead when the scenario is coarse, a
-    tenant uses more pairs than the largest of :func:`entry_capacities` (e.g. formats drawn
-    per row at random), or the sanitizer refuses a tenant (the rows say what its rows
-    score). With asynchronous dispatch by its pairs only: ``None`` where the rows' program
+    tenant uses more pairs than the largest of :func:`entry_capacities` (8 chunks of
+    :func:`entry_width`: every pair of a reference tenant fits, formats drawn per row
+    included), or the sanitizer refuses a tenant (the rows say what its rows score). With
+    asynchronous dispatch by its pairs only: ``None`` where the rows' program
     would run (with packed outputs it gained nothing there). Its format ids are checked
     here: by ``native.compact_pairs``, which reads them to count the pairs, else by one
     reduction. ``None`` (the caller validates on the host, or evaluates an unvalidated plan
@@ -1382,17 +1389,13 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     m, l = plan.precision.shape
     pairs = packed.pairs
     by_pairs = pairs is not None and pairs.capacities
-    table = None
-    if by_pairs:
-        table = packed.kept.get(_PAIR_ROW_TERMS)
-        if table is None:
-            table = packed.kept[_PAIR_ROW_TERMS] = np.asarray(_pair_row_terms(scenario))
+    terms = _kept(packed, _PAIR_ROW_TERMS, _pair_row_terms, scenario) if by_pairs else None
     compact = (native.compact_pairs(pairs.base, plan.precision, pairs.code.shape[1],
-                                    pairs.capacities, table) if by_pairs else NotImplemented)
+                                    pairs.capacities, terms) if by_pairs else NotImplemented)
     if compact is NotImplemented:  # its format ids not read yet
         if not format_ids_in_range(plan.precision):
             return None  # the caller validates (which raises) or sanitizes them
-        compact = compact_entries(pairs, plan.precision, table) if by_pairs else None
+        compact = compact_entries(pairs, plan.precision, terms) if by_pairs else None
     if compact is not None:
         entries, pair, row_totals = compact
         layout, arrays = packed.entry_args
@@ -1403,10 +1406,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
             validate_plan(scenario, plan)  # raises, naming the field
         if out.plan_valid.all():
             if layer_stability:  # it depends on the rows' formats alone: the pairs' table
-                table = packed.kept.get(_PAIR_LAYER_STABILITY)
-                if table is None:
-                    table = packed.kept[_PAIR_LAYER_STABILITY] = np.asarray(
-                        _pair_layer_stability(scenario))
+                table = _kept(packed, _PAIR_LAYER_STABILITY, _pair_layer_stability, scenario)
                 # ``out`` (NumPy views, packed outputs) was made by this call: set in place
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", table.take(pair))
@@ -1419,6 +1419,15 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     if broken and check_rules:
         validate_plan(scenario, plan)
     return out
+
+
+def _kept(packed: _Packed, key: str, table_fn, scenario: Scenario) -> np.ndarray:
+    """``table_fn(scenario)`` as a host array, made at its first need and kept with the
+    scenario (``_Packed.kept[key]``)."""
+    table = packed.kept.get(key)
+    if table is None:
+        table = packed.kept[key] = np.asarray(table_fn(scenario))
+    return table
 
 
 def _host_program(kept: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
