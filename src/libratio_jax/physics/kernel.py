@@ -744,7 +744,8 @@ def _entry_sums(scenario: Scenario, models: list, formats: list, fields: dict,
     chunk. Each chunk's are fenced (``native.fence``, one ``[M, 3]`` array a chunk): in an
     earlier form, without a fence, XLA fused every chunk's per-entry work into the kernel
     that added them up, and its cost model split that kernel over two threads (a handoff
-    that cost a reference plan of 4 chunks ~20 µs a call on 2 cores)."""
+    that cost a reference plan of 4 chunks ~20 µs a call on 2 cores); this form without
+    them ran slower from the fifth chunk too (docs/performance.md)."""
     _, pools = _tenant_pools(scenario.cluster, fields["pool"])
     r = jax.vmap(_tenant_factors)(scenario.workloads, pools, models[0],
                                   *(fields[f] for f in _FACTOR_FIELDS))
