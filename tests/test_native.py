@@ -493,6 +493,21 @@ def test_compact_pairs_refuses_what_it_cannot_read():
     for caps in ((2**62,), (2**61,)):  # an entries buffer smaller than they say: refused
         assert native._extension.compact(pairs.base, prec, np.empty((m, l), np.intp),
                                          np.empty(0, np.int32), c * F.NUM_FORMATS, caps) is None
+    # a base that sends more than 2^16 - 1 rows to one pair (not row_pairs'): refused, its
+    # count would not fit its entry
+    crowded = pairs._replace(base=np.zeros((2, 40_000), np.intp))
+    many = np.zeros((2, 40_000), np.int8)
+    assert native.compact_pairs(crowded.base, many, c * F.NUM_FORMATS, (8,)) is NotImplemented
+    assert compact_entries(crowded, many) is None
+
+    class Hostile:
+        @property
+        def shape(self):
+            raise RuntimeError("boom")
+
+    for args in ((Hostile(), prec, c * F.NUM_FORMATS, (8,)),
+                 (pairs.base, prec, c * F.NUM_FORMATS, {24: 0})):
+        assert native.compact_pairs(*args) is NotImplemented  # whatever reading them raises
     empty = row_pairs(np.full((m, c, 8), l, np.int32), l, (0, 4))  # no row in any class
     assert compact_entries(empty, prec) is None
     assert native.compact_pairs(empty.base, prec, c * F.NUM_FORMATS, (0, 4)) is None

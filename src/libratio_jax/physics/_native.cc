@@ -1113,7 +1113,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFence, Fence,
 // (written where a capacity holds the pairs: each tenant's pairs' row counts times their
 // rows of the table, summed in float32; the row totals of a plan's plan-independent row
 // terms, physics.kernel._pair_row_terms). None also when an output (pair, entries, sums)
-// shares memory with another argument.
+// shares memory with another argument, or a pair holds 2^16 rows or more (a base that
+// sends rows of several tenants to one pair: its count would not fit its entry).
 
 // Pair numbers (base + id) and per-pair row counts of ids of type T; false when an id lies
 // outside [0, kFormats).
@@ -1264,6 +1265,8 @@ static PyObject* Compact(PyObject*, PyObject* args) {
       break;
     }
   if (!cap) return PyLong_FromLong(0);
+  for (Py_ssize_t i = 0; i < m * class_pairs; ++i)  // (a count must fit its 16 bits)
+    if (counts[i] >= (1 << 16)) Py_RETURN_NONE;
   int32_t* e = static_cast<int32_t*>(entries.view.buf);
   const float* tab = summed ? static_cast<const float*>(table.view.buf) : nullptr;
   float* out_sums = summed ? static_cast<float*>(sums.view.buf) : nullptr;

@@ -295,7 +295,7 @@ def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]
         pair = np.empty((m, l), np.intp)
         entries = np.empty(m * int(capacities[-1]) if capacities else 0, np.int32)
         sums = None if table is None else np.empty((m, table.shape[-1]), np.float32)
-    except (TypeError, ValueError, OverflowError, MemoryError, AttributeError, IndexError):
+    except Exception:  # (hostile arguments: whatever reading them raises, refused)
         return NotImplemented
     cap = (_extension.compact(base, precision, pair, entries, class_pairs, capacities)
            if table is None else

@@ -368,6 +368,8 @@ def compact_entries(pairs: RowPairs, precision, table=None):
     pair = np.add(pairs.base, precision, dtype=np.intp, casting="unsafe")  # [M, L]
     counts = np.bincount(pair.ravel(), minlength=pairs.size)[:pairs.code.size]
     counts = counts.reshape(pairs.code.shape)  # [M, C * F]: the class pairs
+    if counts.size and counts.max() >= 1 << ENTRY_SHIFT:  # (not from row_pairs' base)
+        return None
     used = counts != 0
     per_tenant = used.sum(axis=1)
     most = int(per_tenant.max())
