@@ -285,7 +285,8 @@ def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]
     ``sums`` float32 ``[M, T]``, each tenant's pairs' row counts times their rows of the
     table (summed in float32), else None; ``None`` when no capacity of
     ``capacities`` (ascending) holds a tenant's pairs; ``NotImplemented`` when
-    :func:`status` does not allow the native function, the arrays are not of those kinds,
+    :func:`status` does not allow the native function, the arrays are not of those kinds
+    (or an output would share memory with an input), a pair holds ``2^16`` rows or more,
     or a format id lies outside ``[0, F)`` (the caller's NumPy form then, after
     validation)."""
     if not status().compact:

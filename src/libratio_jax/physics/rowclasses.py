@@ -359,9 +359,10 @@ def compact_entries(pairs: RowPairs, precision, table=None):
     ``layer_stability`` of every pair, is spread over the rows with one ``take``); with
     ``table`` (float32 ``[M, C * F, T]``: a value per term and class pair) ``sums`` float32
     ``[M, T]``, the pairs' row counts times their rows of the table, else None; ``None``
-    when a tenant uses more pairs than the largest capacity. ``pairs``: :func:`row_pairs`
-    of the scenario. (About ten NumPy calls, ~1 µs each alone: one plan's call is
-    latency-bound; ``native.compact_pairs`` computes the same in one call.)"""
+    when a tenant uses more pairs than the largest capacity (or a pair holds ``2^16`` rows
+    or more, which its entry cannot count: not with :func:`row_pairs`' base). ``pairs``:
+    :func:`row_pairs` of the scenario. (About ten NumPy calls, ~1 µs each alone: one plan's
+    call is latency-bound; ``native.compact_pairs`` computes the same in one call.)"""
     m, l = pairs.base.shape
     if l >= 1 << ENTRY_SHIFT:
         return None
