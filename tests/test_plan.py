@@ -112,6 +112,40 @@ def test_one_host_plan_is_validated_as_any_plan(sc, field, value, match):
         lj.evaluate(sc, bad)
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_plan_of_other_shapes_is_refused_naming_the_field(sc, validate):
+    """A plan whose arrays do not have a plan's shapes (``precision [..., M, L]``, every
+    integer field ``[..., M]``, one batch shape) is refused with a ValueError naming the
+    field, validated or not (unvalidated, whatever its values: JAX's broadcasting would fail
+    otherwise), one plan or a batch, NumPy or JAX arrays; inside a trace too."""
+    import jax
+
+    one = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
+    two = jax.tree.map(lambda x: np.stack([x, x]), one)
+    m, l = sc.num_tenants, sc.num_layers
+    cases = [(one.replace(gpus=one.gpus[:3]), "gpus"),
+             (one.replace(precision=one.precision[:, :5]), "precision"),
+             (one.replace(tp=np.ones((2, m), np.int32)), "tp"),
+             (two.replace(recompute=np.zeros((3, m), np.int32)), "recompute"),
+             (jax.tree.map(jax.numpy.asarray, two.replace(kv_precision=two.kv_precision[:, :1]
+                                                          .repeat(3, axis=1))), "kv_precision")]
+    # validated, only their own shapes; unvalidated, one plan's fields may broadcast to [M]
+    broadcast = [(one.replace(pool=np.int32(0)), "pool"),
+                 (one.replace(gpus=np.full((1,), 2, np.int32)), "gpus")]
+    cases.append((two.replace(micro_batch=one.micro_batch), "micro_batch"))  # a batch maps
+    for plan, field in cases + (broadcast if validate else []):
+        with pytest.raises(ValueError, match=rf"plan\.{field} has shape"):
+            lj.evaluate(sc, plan, validate=validate)
+    if not validate:
+        for plan, _ in broadcast:
+            assert lj.evaluate(sc, plan, validate=False).plan_valid.all()
+    assert lj.validate_plan(sc, two) is None and np.shape(
+        lj.evaluate(sc, two, validate=validate).tokens_per_second) == (2, m)
+    with pytest.raises(ValueError, match=r"plan\.gpus has shape"):
+        jax.jit(lambda p: lj.evaluate(sc, p, validate=validate))(cases[0][0])
+    assert l > 5
+
+
 @pytest.mark.parametrize("dtype", ["<i2", ">i4", ">i8", "<u1", ">u2", "<i8"])
 def test_format_ids_are_checked_in_any_integer_dtype(sc, dtype):
     """``validate_plan`` checks format ids with one reduction (ids read as unsigned): in

@@ -46,6 +46,7 @@ from libratio_jax.physics.plan import (
     sanitize_fields,
     sanitize_plan,
     validate_plan,
+    validate_shapes,
 )
 from libratio_jax.physics.rowclasses import (
     CONTRACTION_PRECISION,
@@ -1187,9 +1188,12 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     """Evaluate a plan or a batch of plans (any leading axes) on a scenario.
 
     Validates concrete inputs first (ValueError naming the field); inside a trace the
-    validation is skipped and the pure function is used directly. With ``validate=False`` an
-    out-of-domain plan is not refused but evaluated as its sanitizer says (its tenants idle,
-    ``plan_valid`` False), host integers beyond int32 included (they are not wrapped). A
+    validation of the values is skipped and the pure function is used directly. With
+    ``validate=False`` an out-of-domain plan is not refused but evaluated as its sanitizer
+    says (its tenants idle, ``plan_valid`` False), host integers beyond int32 included (they
+    are not wrapped; one plan's integer field may be of a shape that broadcasts to ``[M]``).
+    Shapes are checked either way, traced too (``plan.validate_shapes``: ValueError naming
+    the field). A
     batch at full resolution (``scenario.row_classes`` set), and on the CPU one of merged
     rows, is summed by format counts per row class (``physics.rowclasses``; merged rows
     each a class of their own); ``layer_stability=False`` skips the one per-row
@@ -1224,12 +1228,15 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     if not one_host_plan:
         if validate:
             validate_plan(scenario, plan)
+        else:  # shapes only (named), whatever the values: else JAX's broadcasting fails
+            validate_shapes(scenario, plan, exact=False)
     else:  # its shapes and dtypes here, its format ids and rules on its path (below)
         try:
             validate_plan(scenario, plan, rules=False, ids=False)
         except ValueError:
             if validate:
                 raise
+            validate_shapes(scenario, plan, exact=False)  # (its shapes may broadcast)
             one_host_plan = False  # unvalidated: the host path only if they would pass
     shape = np.shape(plan.precision)
     if len(shape) < 2:

@@ -369,21 +369,17 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True, ids: bool = True)
     else:
         tracer = jax.core.Tracer
         if isinstance(prec, tracer) or any(isinstance(x, tracer) for x in xs):
-            return  # traced: validation happens at the boundary, not inside jit
+            validate_shapes(scenario, plan, exact=False)  # (static)
+            return  # traced: the values' validation happens at the boundary, not inside jit
         prec = np.asarray(prec)
-        batch = prec.shape[:-2]
-        if prec.shape[-2:] != (m, l):
-            raise ValueError(f"plan.precision has shape {prec.shape}; expected (..., {m}, {l})")
+        batch = validate_shapes(scenario, plan)
         if prec.dtype.kind not in "iu":
             raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     if ids and not format_ids_in_range(prec):
         raise ValueError(f"plan.precision: format ids must lie in [0, {F.NUM_FORMATS})")
     if not plain:
         xs = [x if type(x) is np.ndarray else np.asarray(x) for x in xs]
-        shape = batch + (m,)
         for name, x in zip(_INT_FIELDS, xs, strict=True):
-            if x.shape != shape:
-                raise ValueError(f"plan.{name} has shape {x.shape}; expected {shape}")
             if not (x.dtype.kind in "iu" or (name == "recompute" and x.dtype.kind == "b")):
                 raise ValueError(f"plan.{name} must hold integers, got dtype {x.dtype}")
     if not rules:
@@ -427,6 +423,41 @@ def format_ids_in_range(precision: np.ndarray) -> bool:
     is beyond every format."""
     return not precision.size or precision.view(
         _unsigned(precision.dtype)).max() < F.NUM_FORMATS
+
+
+def validate_shapes(scenario, plan: Plan, *, exact: bool = True) -> tuple[int, ...]:
+    """The batch shape of ``plan`` on ``scenario``, or ValueError naming the field whose shape
+    does not fit: ``precision [..., M, L]`` and every integer field ``[..., M]`` with the same
+    leading axes (``exact=False`` and one plan, no leading axes: or a shape that broadcasts
+    to ``[M]``, e.g. one scalar for every tenant; a batch maps every field over its leading
+    axes). Any dtype; traced arrays too (shapes are static). What
+    :func:`validate_plan` checks first; ``lj.evaluate(..., validate=False)`` and a traced
+    plan check it with ``exact=False`` (a plan of other shapes would otherwise fail inside
+    JAX's broadcasting)."""
+    m, l = scenario.num_tenants, scenario.num_layers
+    shape = tuple(_shape(plan.precision))
+    if shape[-2:] != (m, l):
+        raise ValueError(f"plan.precision has shape {shape}; expected (..., {m}, {l})")
+    want = shape[:-2] + (m,)
+    for name in _INT_FIELDS:
+        got = tuple(_shape(getattr(plan, name)))
+        if got == want:
+            continue
+        if not exact and len(want) == 1:
+            try:
+                if np.broadcast_shapes(got, want) == want:
+                    continue
+            except ValueError:
+                pass
+        raise ValueError(f"plan.{name} has shape {got}; expected {want}"
+                         + ("" if exact or len(want) > 1 else " (or one that broadcasts to it)"))
+    return shape[:-2]
+
+
+def _shape(x) -> tuple:
+    """``x``'s shape without converting an array (JAX arrays and tracers have one)."""
+    shape = getattr(x, "shape", None)
+    return np.shape(x) if shape is None else shape
 
 
 def _plain_host_plan(prec, xs, m: int, l: int) -> bool:
