@@ -284,7 +284,10 @@ def program_kernels(sc, plan) -> int:
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     m, l = plan.precision.shape
-    inline = kernel._inline_dispatch()  # as lj.evaluate: the plan's rules in the program
+    # As lj.evaluate: in the calling thread (inline, or on the synchronous device), the
+    # plan's rules in the program
+    device = None if kernel._inline_dispatch() else kernel.synchronous_cpu_device()
+    host = device is not None or kernel._inline_dispatch()
     ints = [getattr(plan, f) for f in kernel.INT_FIELDS]
     compact = None
     if sc.row_classes is not None:  # at full resolution by its pairs where they fit
@@ -300,7 +303,7 @@ def program_kernels(sc, plan) -> int:
     # (by its entries, ``layer_stability`` comes from the scenario's per-pair table)
     program = kernel._program((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
                               compact is None, 0 if compact is None else compact[0].shape[1],
-                              inline or compact is not None)
+                              host or compact is not None, device)
     text = program.lower(args, packed).compile().as_text()
     return text[text.index("ENTRY"):].count("kind=k")
 

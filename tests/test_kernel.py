@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import libratio_jax as lj
+from libratio_jax.physics import cpu_dispatch, kernel, native
 from libratio_jax.physics import formats as F
-from libratio_jax.physics import kernel, native
 from libratio_jax.physics import rowclasses as RC
 from libratio_jax.physics.kernel import (
     _pack_plan,
@@ -830,7 +830,7 @@ def test_a_plan_with_formats_drawn_per_row_by_its_pairs_in_chunks(monkeypatch, r
     request.addfinalizer(kernel._program.cache_clear)
     capacities = []
     made = kernel._host_program
-    monkeypatch.setattr(kernel, "_host_program", lambda *a: capacities.append(a[-1]) or made(*a))
+    monkeypatch.setattr(kernel, "_host_program", lambda *a: capacities.append(a[6]) or made(*a))
     sc = (lj.reference_scenario() if name == "reference" else
           _tiny_full_resolution() if name == "tiny MoE" else
           _tiny_full_resolution(max_tenants=16))
@@ -857,23 +857,31 @@ def test_a_plan_with_formats_drawn_per_row_by_its_pairs_in_chunks(monkeypatch, r
         chex.assert_trees_all_equal(lean.replace(layer_stability=got.layer_stability), got)
 
 
-def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkeypatch, request):
+@pytest.mark.parametrize("synchronous", [True, False])
+def test_one_host_plan_with_asynchronous_dispatch(monkeypatch, request, synchronous):
     """With JAX's asynchronous CPU dispatch (the tests' own), one host plan at full resolution
-    whose (class, format) pairs fit is evaluated by them too: its metrics NumPy arrays equal
+    whose (class, format) pairs fit is evaluated by them: its metrics NumPy arrays equal
     to the rows' physics, its rules enforced in its program (the same ``ValueError`` as
     ``validate_plan``); unvalidated, in JAX arrays and without ``layer_stability`` too. A
-    scenario's first call (not packed yet), a plan with more pairs, and a coarse plan take
-    the general path (their metrics JAX arrays), as before."""
+    plan with more pairs and a coarse plan take the rows' program, on the private
+    synchronous device (``cpu_dispatch.synchronous_cpu_device``), their metrics NumPy arrays
+    too; without that device (``LIBRATIO_SYNC_CPU=0``, or a jaxlib without such a client)
+    the general path, their metrics JAX arrays. A scenario's first call (not packed yet)
+    takes the general path either way."""
     from libratio_jax.physics.plan import validate_plan
 
     assert not kernel._inline_dispatch()
+    if not synchronous:
+        monkeypatch.setenv(cpu_dispatch.ENV_SWITCH, "0")
+    device = cpu_dispatch.synchronous_cpu_device()
+    assert (device is not None) == synchronous
+    rows = [0] if synchronous else []  # the rows' program's capacity, where it runs
     monkeypatch.setattr(kernel, "entry_capacities", lambda m, pairs=0: (16, 24))
     kernel._program.cache_clear()
     request.addfinalizer(kernel._program.cache_clear)
     capacities = []  # of each host program called
     made = kernel._host_program
-    monkeypatch.setattr(kernel, "_host_program",
-                        lambda *a: capacities.append(a[-1]) or made(*a))
+    monkeypatch.setattr(kernel, "_host_program", lambda *a: capacities.append(a[6]) or made(*a))
     sc = _tiny_full_resolution("tiny-llama")  # 39 rows in 12 classes per tenant
     prec = np.array(sample_plans(sc, 4, seed=4, per_layer=False).precision)  # 12 pairs each
     prec[1, 0, 5:9] = [0, 4, 7, 11]  # 16 pairs
@@ -884,13 +892,13 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     first = lj.evaluate(sc, jax.tree.map(lambda x: x[0], plans))  # not packed yet: general
     assert capacities == [] and isinstance(first.memory_bytes, jax.Array)
     _scenario_args(sc)  # packed, as from a second call on
-    for k, want in enumerate([[16], [16], [24], []]):
+    for k, want in enumerate([[16], [16], [24], rows]):
         plan = jax.tree.map(lambda x, k=k: x[k], plans)
         row = jax.tree.map(lambda x, k=k: x[k], by_rows)
         capacities.clear()
         got = lj.evaluate(sc, plan)
         assert capacities == want
-        assert isinstance(got.memory_bytes, np.ndarray if want else jax.Array)
+        _assert_host_metrics(got, bool(want))
         chex.assert_trees_all_close(got, row, rtol=1e-5, atol=1e-6)
         # unvalidated, in JAX arrays, without layer_stability: the same route and metrics
         for kwargs, p in (({"validate": False}, plan), ({}, jax.tree.map(jnp.asarray, plan)),
@@ -916,7 +924,21 @@ def test_one_full_resolution_plan_by_its_pairs_with_asynchronous_dispatch(monkey
     _scenario_args(coarse), _scenario_args(coarse)
     capacities.clear()
     one = jax.tree.map(lambda x: np.asarray(x)[0], sample_plans(coarse, 1, seed=0))
-    assert isinstance(lj.evaluate(coarse, one).memory_bytes, jax.Array) and capacities == []
+    got = lj.evaluate(coarse, one)
+    assert capacities == rows
+    _assert_host_metrics(got, synchronous)
+    chex.assert_trees_all_close(got, jax.jit(evaluate_one)(coarse, one), rtol=1e-5, atol=1e-6)
+
+
+def _assert_host_metrics(metrics, host: bool) -> None:
+    """Every field of ``metrics`` a NumPy array (``host``: no array of the private device
+    leaves ``lj.evaluate``) or every one a JAX array of JAX's own CPU device."""
+    leaves = jax.tree.leaves(metrics)
+    if host:
+        assert all(type(x) is np.ndarray for x in leaves)
+    else:
+        assert all(isinstance(x, jax.Array) and x.devices() == {jax.devices()[0]}
+                   for x in leaves)
 
 
 @pytest.mark.parametrize("block_groups", [None, 1])
@@ -1128,3 +1150,37 @@ def test_inline_cpu_dispatch_only_before_the_backend_starts():
     before = jax.config.read("jax_cpu_enable_async_dispatch")
     assert lj.inline_cpu_dispatch() is False
     assert jax.config.read("jax_cpu_enable_async_dispatch") == before
+
+
+def test_synchronous_cpu_device_is_one_private_client(monkeypatch):
+    """With JAX's asynchronous CPU dispatch (the tests' own) one plan's programs run on a
+    device of one private CPU client, not JAX's own, that runs them in the calling thread;
+    none with ``LIBRATIO_SYNC_CPU=0``, with inline dispatch, or where this jaxlib cannot
+    make such a client (never an error)."""
+    from jax._src.lib import xla_client
+
+    device = cpu_dispatch.synchronous_cpu_device()
+    assert device is not None and device.platform == "cpu"
+    assert device.client is not jax.devices()[0].client
+    assert cpu_dispatch.synchronous_cpu_device() is device  # one client per process
+    x = jax.device_put(np.arange(3, dtype=np.float32), device)
+    assert x.devices() == {device} and np.asarray(x).tolist() == [0.0, 1.0, 2.0]
+    monkeypatch.setenv(cpu_dispatch.ENV_SWITCH, "0")
+    assert cpu_dispatch.synchronous_cpu_device() is None
+    monkeypatch.delenv(cpu_dispatch.ENV_SWITCH)
+    monkeypatch.setattr(cpu_dispatch, "inline_dispatch", lambda: True)
+    assert cpu_dispatch.synchronous_cpu_device() is None
+    monkeypatch.undo()
+
+    def refuse(**kwargs):
+        raise TypeError("make_cpu_client() got an unexpected keyword argument")
+
+    cpu_dispatch._private_client_device.cache_clear()
+    try:
+        monkeypatch.setattr(xla_client, "make_cpu_client", refuse)
+        assert cpu_dispatch.synchronous_cpu_device() is None
+    finally:
+        monkeypatch.undo()
+        cpu_dispatch._private_client_device.cache_clear()
+        kernel._program.cache_clear()  # (programs compiled for the first client's device)
+    assert cpu_dispatch.synchronous_cpu_device() is not None

@@ -11,6 +11,7 @@
 from libratio_jax.env.registry import make, registered_envs
 from libratio_jax.physics import catalog
 from libratio_jax.physics.architecture import ModelSpec
+from libratio_jax.physics.cpu_dispatch import inline_cpu_dispatch
 from libratio_jax.physics.estimate import (
     MemoryEstimate,
     ThroughputEstimate,
@@ -20,7 +21,7 @@ from libratio_jax.physics.estimate import (
 from libratio_jax.physics.formats import FORMAT_NAMES, format_id
 from libratio_jax.physics.hardware import ClusterSpec, GpuSpec
 from libratio_jax.physics.host_memory import reuse_host_memory
-from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one, inline_cpu_dispatch
+from libratio_jax.physics.kernel import Metrics, evaluate, evaluate_one
 from libratio_jax.physics.plan import Plan, validate_plan
 from libratio_jax.physics.scenario import Scenario, Tenant, Workload, reference_scenario
 

@@ -29,6 +29,8 @@ from flax import struct
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import gpu_kernels, native, safety, stability
 from libratio_jax.physics.architecture import ROW_FIELDS
+from libratio_jax.physics.cpu_dispatch import inline_dispatch as _inline_dispatch
+from libratio_jax.physics.cpu_dispatch import synchronous_cpu_device
 from libratio_jax.physics.memory import (
     largest_layer_bytes_of,
     layer_gather_bytes,
@@ -949,15 +951,11 @@ def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = T
     return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
-def _inline_dispatch() -> bool:
-    """Whether this process runs CPU computations inline (:func:`inline_cpu_dispatch`)."""
-    return not jax.config.read("jax_cpu_enable_async_dispatch")
-
-
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
              scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True,
-             entry_capacity: int = 0, check_rules: bool = False):
+             entry_capacity: int = 0, check_rules: bool = False,
+             device: jax.Device | None = None):
     """The jitted evaluation of plans ``[*batch_shape, m, l]`` that :func:`evaluate` calls: the
     scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it is
     (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is. Packed,
@@ -971,14 +969,17 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     their chunks, :func:`_entry_chunks`), its integer fields ``int32[8 * m]`` and its row
     totals ``float32[m, T]``, without ``layer_stability`` (``layer_stability`` False).
     ``check_rules``: one plan, returned with whether it breaks a rule of ``validate_plan``
-    (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes."""
+    (``plan.breaks_rules``, ``bool[]``), for a caller that validated only its shapes.
+    ``device``: one plan's program compiled for, and run on, that device's client
+    (:func:`~libratio_jax.physics.cpu_dispatch.synchronous_cpu_device`; its arguments there
+    or on the host), its outputs packed and read as NumPy arrays."""
     n = math.prod(batch_shape)
     # One host plan with inline CPU dispatch: outputs packed (with asynchronous dispatch each
     # np.asarray waits and copies: 176-188 -> 196-210 µs, measured alternately; inline
-    # 108-110 -> 96-107 µs). Its pairs' program packs them with either dispatch: its caller
-    # reads them on the host.
+    # 108-110 -> 96-107 µs). Its pairs' program packs them with either dispatch, and so
+    # does a program on the synchronous device: its caller reads them on the host.
     pack_outputs = (packed_plan and not batch_shape and jax.default_backend() == "cpu"
-                    and (_inline_dispatch() or entry_capacity > 0))
+                    and (_inline_dispatch() or entry_capacity > 0 or device is not None))
     outputs: list = []  # the packed outputs' layout (set when traced), then its reader
 
     def run(scenario, plan):
@@ -1009,7 +1010,11 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
             outputs.append(layout)
         return arrays
 
-    program = jax.jit(run)
+    if device is None:
+        program = jax.jit(run)
+    else:  # (one sharding for every argument and output)
+        on_device = jax.sharding.SingleDeviceSharding(device)
+        program = jax.jit(run, in_shardings=on_device, out_shardings=on_device)
     if not pack_outputs:
         return program
 
@@ -1154,35 +1159,6 @@ def _pair_layer_stability(scenario: Scenario):
     return jnp.concatenate([per_pair.ravel(), jnp.ones(m * F.NUM_FORMATS, jnp.float32)])
 
 
-def inline_cpu_dispatch() -> bool:
-    """Run this process's CPU computations inline in the calling thread rather than through
-    JAX's asynchronous dispatch (``jax_cpu_enable_async_dispatch=False``). For latency-bound
-    use of small batches (a server step, one reward, one ``evaluate`` call): the asynchronous
-    path pays about 1 µs per argument and output buffer and a fixed handoff per call (one
-    plan on the 2-core CPU of the README's single-call table, thirty-first round's run:
-    96 -> 38 µs coarse, 82 -> 44 µs at full resolution with a format per layer kind), and
-    nothing is gained by overlapping Python with a computation that short. Also for large
-    CPU batches with :func:`~libratio_jax.physics.host_memory.reuse_host_memory`, whose
-    outputs the calling thread then allocates in the heap it keeps. JAX reads the setting when it
-    starts its CPU backend: call this before the process's first computation. Returns whether
-    it took effect (False once the backend is up; the setting is then left as it was).
-    ``libratio serve`` calls it at start.
-
-    Example (first lines of a server or a latency benchmark)::
-
-        import libratio_jax as lj
-        lj.inline_cpu_dispatch()
-    """
-    try:
-        from jax._src import xla_bridge
-        if xla_bridge.backends_are_initialized():
-            return False
-    except (ImportError, AttributeError):  # a JAX without this check: try anyway
-        pass
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return True
-
-
 def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
              layer_stability: bool = True) -> Metrics:
     """Evaluate a plan or a batch of plans (any leading axes) on a scenario.
@@ -1200,13 +1176,15 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     output (``Metrics.layer_stability`` is then None), which is most of what such a batch
     costs beyond reading its rows. On the CPU one plan (NumPy or concrete JAX arrays;
     unvalidated too, when its shapes, dtypes and format ids are right) takes the host path
-    with inline CPU dispatch (:func:`inline_cpu_dispatch`), and with JAX's default
-    asynchronous dispatch at full resolution when its (class, format) pairs fit: its rules
-    checked in its program when it is validated, at full resolution its pairs evaluated when
-    they fit, its metrics NumPy arrays, ready when the call returns (docs/performance.md).
-    So with asynchronous dispatch one plan's metrics are NumPy arrays where its pairs were
-    evaluated (from a scenario's second call on, its leaves JAX arrays, every tenant valid)
-    and JAX arrays otherwise: read them with ``np.asarray`` or ``jax.block_until_ready``,
+    from a scenario's second call on (its leaves JAX arrays): its rules checked in its
+    program when it is validated, at full resolution its pairs evaluated when they fit, its
+    program run in the calling thread (with inline CPU dispatch, :func:`inline_cpu_dispatch`,
+    or else on a private synchronous CPU client,
+    :func:`~libratio_jax.physics.cpu_dispatch.synchronous_cpu_device`), its metrics NumPy
+    arrays, ready when the call returns (docs/performance.md). Without that client
+    (``LIBRATIO_SYNC_CPU=0``) and with JAX's default asynchronous dispatch, only a
+    full-resolution plan whose pairs fit (every tenant valid) takes it, and other plans'
+    metrics are JAX arrays: read them with ``np.asarray`` or ``jax.block_until_ready``,
     which take both.
     """
     if not isinstance(scenario, Scenario):
@@ -1214,14 +1192,17 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     if not isinstance(plan, Plan):
         raise ValueError(f"plan must be a Plan, got {type(plan).__name__}")
     # One host plan on the CPU: its shapes and dtypes checked here, its rules in its program
-    # (below). With inline dispatch always; with asynchronous dispatch at full resolution,
-    # where its pairs' program (sequential, ~106 µs a call) replaces the rows' (concurrent,
-    # ~190 µs; a coarse plan's program gained nothing: docs/performance.md, twenty-ninth
-    # round). One plan in concrete JAX arrays (``Plan.from_choices``) is read as NumPy: by the
-    # rows' program, concurrent at full resolution, it took ~3x longer.
+    # (below). Run in the calling thread: inline, or on the synchronous device (JAX's
+    # asynchronous handoff cost ~35-40 µs a call: docs/performance.md, thirty-third round).
+    # Without either, at full resolution only, where its pairs' program (sequential, ~106 µs
+    # a call) replaces the rows' (concurrent, ~190 µs; a coarse plan's program gained
+    # nothing: twenty-ninth round). One plan in concrete JAX arrays (``Plan.from_choices``)
+    # is read as NumPy: by the rows' program, concurrent at full resolution, it took ~3x
+    # longer.
     on_cpu = (jax.default_backend() == "cpu"
               and not isinstance(scenario.present, jax.core.Tracer))
-    host = on_cpu and (_inline_dispatch() or scenario.row_classes is not None)
+    host = on_cpu and (_inline_dispatch() or synchronous_cpu_device() is not None
+                       or scenario.row_classes is not None)
     if host and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
         plan = _on_host(plan)
     one_host_plan = host and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
@@ -1376,9 +1357,11 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     The rows' program instead when the scenario is coarse, a
     tenant uses more pairs than the largest of :func:`entry_capacities` (8 chunks of
     :func:`entry_width`: every pair of a reference tenant fits, formats drawn per row
-    included), or the sanitizer refuses a tenant (the rows say what its rows score). With
-    asynchronous dispatch by its pairs only: ``None`` where the rows' program
-    would run (with packed outputs it gained nothing there). Its format ids are checked
+    included), or the sanitizer refuses a tenant (the rows say what its rows score). Run in
+    the calling thread: with inline dispatch on JAX's own device, else on the synchronous
+    device (``cpu_dispatch.synchronous_cpu_device``). Without either (asynchronous
+    dispatch), by its pairs only: ``None`` where the rows' program would run (with packed
+    outputs it gained nothing there). Its format ids are checked
     here: by ``native.compact_pairs``, which reads them to count the pairs, else by one
     reduction. ``None`` (the caller validates on the host, or evaluates an unvalidated plan
     by the general path) when a format id is out of range, or an integer field is not a
@@ -1394,6 +1377,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
         if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
             return None
     packed = _SCENARIO_ARGS[id(scenario)][1]
+    device = None if _inline_dispatch() else synchronous_cpu_device()
     m, l = plan.precision.shape
     pairs = packed.pairs
     by_pairs = pairs is not None and pairs.capacities
@@ -1406,9 +1390,9 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
         compact = compact_entries(pairs, plan.precision, terms) if by_pairs else None
     if compact is not None:
         entries, pair, row_totals = compact
-        layout, arrays = packed.entry_args
+        layout, arrays = _args_on(packed, "entry_args", device)
         program = _host_program(packed.kept, m, l, n_pools, layout, False,
-                                entries.shape[1])
+                                entries.shape[1], device)
         out, broken = program(arrays, (_entry_chunks(entries), _int_vector(ints), row_totals))
         if broken and check_rules:
             validate_plan(scenario, plan)  # raises, naming the field
@@ -1419,10 +1403,10 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
                 # (``replace`` costs ~6 µs)
                 object.__setattr__(out, "layer_stability", table.take(pair))
             return out
-    if not _inline_dispatch():  # asynchronous: by its pairs or by the general path
+    if device is None and not _inline_dispatch():  # asynchronous: the general path
         return None
-    layout, arrays = packed.args
-    program = _host_program(packed.kept, m, l, n_pools, layout, layer_stability, 0)
+    layout, arrays = _args_on(packed, "args", device)
+    program = _host_program(packed.kept, m, l, n_pools, layout, layer_stability, 0, device)
     out, broken = program(arrays, _plan_vector(plan.precision, ints))
     if broken and check_rules:
         validate_plan(scenario, plan)
@@ -1439,16 +1423,30 @@ def _kept(packed: _Packed, key: str, table_fn, scenario: Scenario) -> np.ndarray
 
 
 def _host_program(kept: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
-                  capacity: int):
+                  capacity: int, device: jax.Device | None):
     """:func:`_program` of one host plan with its rules, kept with the scenario
     (``_Packed.kept``: looking it up by its arguments would hash the scenario's layout, ~2 µs
     a call)."""
-    key = (m, l, n_pools, layer_stability, capacity)
+    key = (m, l, n_pools, layer_stability, capacity, device)
     program = kept.get(key)
     if program is None:
         program = kept[key] = _program((), m, l, n_pools, layout, True, layer_stability,
-                                       capacity, True)
+                                       capacity, True, device)
     return program
+
+
+def _args_on(packed: _Packed, which: str, device: jax.Device | None) -> tuple:
+    """The packed scenario ``packed.<which>`` (``args`` or ``entry_args``: ``(layout,
+    arrays)``), its arrays on ``device`` (put there at the first need and kept with the
+    scenario), or as they are for ``None``."""
+    if device is None:
+        return getattr(packed, which)
+    key = (which, device)
+    moved = packed.kept.get(key)
+    if moved is None:
+        layout, arrays = getattr(packed, which)
+        moved = packed.kept[key] = (layout, tuple(jax.device_put(arrays, device)))
+    return moved
 
 
 # Integer dtypes whose every value packs into int32 unchanged (validated plans hold integers):
