@@ -1201,11 +1201,13 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     # longer.
     on_cpu = (jax.default_backend() == "cpu"
               and not isinstance(scenario.present, jax.core.Tracer))
-    host = on_cpu and (_inline_dispatch() or synchronous_cpu_device() is not None
-                       or scenario.row_classes is not None)
-    if host and isinstance(plan.precision, jax.Array) and plan.precision.ndim == 2:
+    # (the synchronous device is made for one plan only: a batch never uses it)
+    host = on_cpu and np.ndim(plan.precision) == 2 and (
+        _inline_dispatch() or scenario.row_classes is not None
+        or synchronous_cpu_device() is not None)
+    if host and isinstance(plan.precision, jax.Array):
         plan = _on_host(plan)
-    one_host_plan = host and type(plan.precision) is np.ndarray and plan.precision.ndim == 2
+    one_host_plan = host and type(plan.precision) is np.ndarray
     if not one_host_plan:
         if validate:
             validate_plan(scenario, plan)
