@@ -284,13 +284,14 @@ def program_kernels(sc, plan) -> int:
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     m, l = plan.precision.shape
-    # As lj.evaluate: in the calling thread (inline, or on the synchronous device), the
-    # plan's rules in the program
-    device = None if kernel._inline_dispatch() else kernel.synchronous_cpu_device()
-    host = device is not None or kernel._inline_dispatch()
+    # As lj.evaluate: on the CPU in the calling thread (inline, or on the synchronous
+    # device), the plan's rules in the program; elsewhere the general program
+    cpu = jax.default_backend() == "cpu"
+    device = None if kernel._inline_dispatch() or not cpu else kernel.synchronous_cpu_device()
+    host = device is not None or (cpu and kernel._inline_dispatch())
     ints = [getattr(plan, f) for f in kernel.INT_FIELDS]
     compact = None
-    if sc.row_classes is not None:  # at full resolution by its pairs where they fit
+    if cpu and sc.row_classes is not None:  # at full resolution by its pairs where they fit
         compact = compact_entries(row_pairs(sc.row_classes, l,
                                             kernel.scenario_entry_capacities(sc)),
                                   plan.precision, np.asarray(kernel._pair_row_terms(sc)))

@@ -1155,8 +1155,8 @@ def test_inline_cpu_dispatch_only_before_the_backend_starts():
 def test_synchronous_cpu_device_is_one_private_client(monkeypatch):
     """With JAX's asynchronous CPU dispatch (the tests' own) one plan's programs run on a
     device of one private CPU client, not JAX's own, that runs them in the calling thread;
-    none with ``LIBRATIO_SYNC_CPU=0``, with inline dispatch, or where this jaxlib cannot
-    make such a client (never an error)."""
+    none with ``LIBRATIO_SYNC_CPU=0``, with inline dispatch, in a multi-process run, or
+    where this jaxlib cannot make such a client (never an error)."""
     from jax._src.lib import xla_client
 
     device = cpu_dispatch.synchronous_cpu_device()
@@ -1175,12 +1175,56 @@ def test_synchronous_cpu_device_is_one_private_client(monkeypatch):
     def refuse(**kwargs):
         raise TypeError("make_cpu_client() got an unexpected keyword argument")
 
-    cpu_dispatch._private_client_device.cache_clear()
+    cpu_dispatch._MADE.clear()
     try:
         monkeypatch.setattr(xla_client, "make_cpu_client", refuse)
         assert cpu_dispatch.synchronous_cpu_device() is None
+        monkeypatch.undo()
+        cpu_dispatch._MADE.clear()
+        monkeypatch.setattr(jax, "process_count", lambda: 2)  # a multi-process run
+        assert cpu_dispatch.synchronous_cpu_device() is None
     finally:
         monkeypatch.undo()
-        cpu_dispatch._private_client_device.cache_clear()
+        cpu_dispatch._MADE.clear()
         kernel._program.cache_clear()  # (programs compiled for the first client's device)
     assert cpu_dispatch.synchronous_cpu_device() is not None
+
+
+def test_synchronous_cpu_device_made_once_for_the_host_path_only(monkeypatch, request):
+    """The private client is made by the first one-plan call of the host path, once however
+    many threads race to it; not by a batch, a traced plan or a scenario's first call; not
+    trusted (None: JAX's own client) when a first small program on it fails."""
+    import threading
+
+    monkeypatch.setattr(cpu_dispatch, "_MADE", [])
+    request.addfinalizer(kernel._program.cache_clear)  # (programs for this test's clients)
+    sc = lj.reference_scenario(block_groups=1)
+    plans = jax.tree.map(np.asarray, sample_plans(sc, 2, seed=5))
+    one = jax.tree.map(lambda x: x[0], plans)
+    lj.evaluate(sc, one)  # the scenario's first call: the general path
+    jax.jit(lambda p: lj.evaluate(sc, p).memory_bytes)(one)  # traced
+    lj.evaluate(sc, plans)  # a batch
+    assert cpu_dispatch._MADE == []
+    got, start = [], threading.Barrier(6)
+
+    def first_call():
+        start.wait()
+        got.append((lj.evaluate(sc, one), cpu_dispatch.synchronous_cpu_device()))
+
+    threads = [threading.Thread(target=first_call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 6 and len(cpu_dispatch._MADE) == 1
+    assert {id(device) for _, device in got} == {id(cpu_dispatch._MADE[0])}
+    for metrics, _ in got:
+        _assert_host_metrics(metrics, True)
+        chex.assert_trees_all_equal(metrics, got[0][0])
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no transfer to this device")
+
+    monkeypatch.setattr(cpu_dispatch, "_MADE", [])
+    monkeypatch.setattr(jax, "device_put", refuse)
+    assert cpu_dispatch.synchronous_cpu_device() is None

@@ -15,10 +15,11 @@ thread and the caller waits for the outputs when it reads them. For one plan (a 
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 
 import jax
+import numpy as np
 
 ENV_SWITCH = "LIBRATIO_SYNC_CPU"  # "0": one plan through JAX's own client, as it dispatches
 
@@ -59,28 +60,51 @@ def inline_dispatch() -> bool:
 def synchronous_cpu_device() -> jax.Device | None:
     """The device of a private CPU client that runs each computation in the calling thread,
     for one host plan's program while the process's own CPU client dispatches
-    asynchronously; ``None`` where it is not wanted or cannot be made: the process's client
-    already runs inline (:func:`inline_dispatch`), ``LIBRATIO_SYNC_CPU=0`` in the
-    environment, or this jaxlib has no such client (``make_cpu_client(asynchronous=...)``,
-    a JAX-internal module: then JAX's own client, as it dispatches). Made at its first need
-    (~1 ms, ~12 idle threads of its own).
+    asynchronously; ``None`` where it is not wanted (:func:`wanted`) or cannot be made: a
+    multi-process run (``jax.distributed``), or a jaxlib without such a client
+    (``make_cpu_client(asynchronous=...)``, a JAX-internal module) or whose client fails a
+    first small program: then JAX's own client, as it dispatches. Made at its first need,
+    once per process (~10 ms with that first program, ~12 idle threads of its own).
 
     A ``jax.jit`` whose input and output shardings name this device compiles with its
     client and is called through JAX's C++ dispatch as usual; host arguments go to it
     directly, JAX arrays must be put there first (``jax.device_put(x, device)``). Measured
     (docs/performance.md, thirty-third round): one plan with a format drawn per row
-    ~104 -> ~70 µs a call.
+    ~104 -> ~69 µs a call.
     """
-    if inline_dispatch() or os.environ.get(ENV_SWITCH) == "0":
-        return None
-    return _private_client_device()
+    return _private_client_device() if wanted() else None
 
 
-@functools.cache
+def wanted() -> bool:
+    """Whether one host plan should run on :func:`synchronous_cpu_device`: the process's
+    own CPU client dispatches asynchronously, and ``LIBRATIO_SYNC_CPU`` is not ``0``."""
+    return not inline_dispatch() and os.environ.get(ENV_SWITCH, "1").strip() != "0"
+
+
+_MAKING = threading.Lock()  # one private client per process, threads racing to make it
+
+
 def _private_client_device() -> jax.Device | None:
+    with _MAKING:
+        if not _MADE:
+            _MADE.append(_made_device())
+        return _MADE[0]
+
+
+_MADE: list = []  # [the device or None], once made
+
+
+def _made_device() -> jax.Device | None:
+    if jax.process_count() > 1:  # (its device would be process 0's: not this process's)
+        return None
     try:
         from jax._src.lib import xla_client
-        client = xla_client.make_cpu_client(asynchronous=False, num_devices=1)
-        return client.devices()[0]
+        device = xla_client.make_cpu_client(asynchronous=False, num_devices=1).devices()[0]
+        # What lj.evaluate does with it, once: a jit compiled for it, a JAX array put there
+        on_device = jax.sharding.SingleDeviceSharding(device)
+        first = jax.jit(lambda x, y: x + y, in_shardings=on_device, out_shardings=on_device)
+        if int(first(jax.device_put(np.int32(1), device), np.int32(2))) != 3:
+            return None
+        return device
     except Exception:  # (ImportError, TypeError, XlaRuntimeError...): a JAX without it
         return None

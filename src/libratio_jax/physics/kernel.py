@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from libratio_jax.physics import cpu_dispatch, gpu_kernels, native, safety, stability
 from libratio_jax.physics import formats as F
-from libratio_jax.physics import gpu_kernels, native, safety, stability
 from libratio_jax.physics.architecture import ROW_FIELDS
 from libratio_jax.physics.cpu_dispatch import inline_dispatch as _inline_dispatch
 from libratio_jax.physics.cpu_dispatch import synchronous_cpu_device
@@ -960,11 +960,13 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     scenario as its packed arrays (``scenario_layout``: :func:`_scenario_args`) or as it is
     (``None``), the plan packed into one int32 vector (:func:`_pack_plan`) or as it is. Packed,
     a call sends about 15 buffers instead of 75, which is much of what a small call pays for
-    its arguments. With inline CPU dispatch (:func:`inline_cpu_dispatch`), and by its pairs
-    with either dispatch, one host plan also comes back packed (a few arrays of at most
-    ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is unpacked into NumPy
-    views on the host: the outputs' shapes follow from ``(batch_shape, m, l, n_pools)``, so
-    every trace of the program has the same packed layout. ``entry_capacity``: one plan as its
+    its arguments. With inline CPU dispatch
+    (:func:`~libratio_jax.physics.cpu_dispatch.inline_cpu_dispatch`), on ``device`` (below),
+    and by its pairs with either dispatch, one host plan also comes back packed (a few
+    arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is
+    unpacked into NumPy views on the host: the outputs' shapes follow from ``(batch_shape,
+    m, l, n_pools)``, so every trace of the program has the same packed layout.
+    ``entry_capacity``: one plan as its
     ``[m, entry_capacity]`` (class, format) entries (:func:`evaluate_entries`: a tuple of
     their chunks, :func:`_entry_chunks`), its integer fields ``int32[8 * m]`` and its row
     totals ``float32[m, T]``, without ``layer_stability`` (``layer_stability`` False).
@@ -1049,7 +1051,8 @@ class _Packed(NamedTuple):
     entry_args: tuple | None  # (layout, arrays) of it without its per-row leaves
     kept: dict  # what one host plan needs, made when first needed: its programs
     # (``_host_program``), the pairs' ``layer_stability`` (``_pair_layer_stability``) and
-    # row terms (``_pair_row_terms``)
+    # row terms (``_pair_row_terms``), and ``args`` / ``entry_args`` put on the synchronous
+    # device (``_args_on``)
 
 
 _SCENARIO_ARGS: dict = {}  # id(scenario) -> (weak reference, None on first sight | _Packed)
@@ -1178,7 +1181,8 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     unvalidated too, when its shapes, dtypes and format ids are right) takes the host path
     from a scenario's second call on (its leaves JAX arrays): its rules checked in its
     program when it is validated, at full resolution its pairs evaluated when they fit, its
-    program run in the calling thread (with inline CPU dispatch, :func:`inline_cpu_dispatch`,
+    program run in the calling thread (with inline CPU dispatch,
+    :func:`~libratio_jax.physics.cpu_dispatch.inline_cpu_dispatch`,
     or else on a private synchronous CPU client,
     :func:`~libratio_jax.physics.cpu_dispatch.synchronous_cpu_device`), its metrics NumPy
     arrays, ready when the call returns (docs/performance.md). Without that client
@@ -1201,10 +1205,9 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     # longer.
     on_cpu = (jax.default_backend() == "cpu"
               and not isinstance(scenario.present, jax.core.Tracer))
-    # (the synchronous device is made for one plan only: a batch never uses it)
+    # (the synchronous device is made by the host path, for one plan only)
     host = on_cpu and np.ndim(plan.precision) == 2 and (
-        _inline_dispatch() or scenario.row_classes is not None
-        or synchronous_cpu_device() is not None)
+        _inline_dispatch() or scenario.row_classes is not None or cpu_dispatch.wanted())
     if host and isinstance(plan.precision, jax.Array):
         plan = _on_host(plan)
     one_host_plan = host and type(plan.precision) is np.ndarray
