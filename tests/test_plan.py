@@ -117,7 +117,8 @@ def test_a_plan_of_other_shapes_is_refused_naming_the_field(sc, validate):
     """A plan whose arrays do not have a plan's shapes (``precision [..., M, L]``, every
     integer field ``[..., M]``, one batch shape) is refused with a ValueError naming the
     field, validated or not (unvalidated, whatever its values: JAX's broadcasting would fail
-    otherwise), one plan or a batch, NumPy or JAX arrays; inside a trace too."""
+    otherwise), one plan or a batch, NumPy or JAX arrays, nested lists of unequal lengths;
+    inside a trace too."""
     import jax
 
     one = jax.tree.map(np.asarray, lj.Plan.from_choices(sc, [{"gpus": 2}] * 4))
@@ -143,6 +144,12 @@ def test_a_plan_of_other_shapes_is_refused_naming_the_field(sc, validate):
         lj.evaluate(sc, two, validate=validate).tokens_per_second) == (2, m)
     with pytest.raises(ValueError, match=r"plan\.gpus has shape"):
         jax.jit(lambda p: lj.evaluate(sc, p, validate=validate))(cases[0][0])
+    ragged = [list(row) for row in one.precision.tolist()]
+    ragged[1] = ragged[1][:-1]  # nested lists of unequal lengths (NumPy makes no array)
+    for plan, field in ((one.replace(precision=ragged), "precision"),
+                        (one.replace(tp=[[1], [1, 1], [1], [1]]), "tp")):
+        with pytest.raises(ValueError, match=rf"plan\.{field} must be an array of one shape"):
+            lj.evaluate(sc, plan, validate=validate)
     assert l > 5
 
 

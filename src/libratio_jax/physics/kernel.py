@@ -1206,7 +1206,7 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     on_cpu = (jax.default_backend() == "cpu"
               and not isinstance(scenario.present, jax.core.Tracer))
     # (the synchronous device is made by the host path, for one plan only)
-    host = on_cpu and np.ndim(plan.precision) == 2 and (
+    host = on_cpu and getattr(plan.precision, "ndim", None) == 2 and (
         _inline_dispatch() or scenario.row_classes is not None or cpu_dispatch.wanted())
     if host and isinstance(plan.precision, jax.Array):
         plan = _on_host(plan)

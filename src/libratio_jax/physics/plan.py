@@ -371,8 +371,8 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True, ids: bool = True)
         if isinstance(prec, tracer) or any(isinstance(x, tracer) for x in xs):
             validate_shapes(scenario, plan, exact=False)  # (static)
             return  # traced: the values' validation happens at the boundary, not inside jit
-        prec = np.asarray(prec)
         batch = validate_shapes(scenario, plan)
+        prec = np.asarray(prec)
         if prec.dtype.kind not in "iu":
             raise ValueError(f"plan.precision must hold integer format ids, got {prec.dtype}")
     if ids and not format_ids_in_range(prec):
@@ -435,12 +435,12 @@ def validate_shapes(scenario, plan: Plan, *, exact: bool = True) -> tuple[int, .
     plan check it with ``exact=False`` (a plan of other shapes would otherwise fail inside
     JAX's broadcasting)."""
     m, l = scenario.num_tenants, scenario.num_layers
-    shape = tuple(_shape(plan.precision))
+    shape = tuple(_shape(plan.precision, "precision"))
     if shape[-2:] != (m, l):
         raise ValueError(f"plan.precision has shape {shape}; expected (..., {m}, {l})")
     want = shape[:-2] + (m,)
     for name in _INT_FIELDS:
-        got = tuple(_shape(getattr(plan, name)))
+        got = tuple(_shape(getattr(plan, name), name))
         if got == want:
             continue
         if not exact and len(want) == 1:
@@ -454,10 +454,17 @@ def validate_shapes(scenario, plan: Plan, *, exact: bool = True) -> tuple[int, .
     return shape[:-2]
 
 
-def _shape(x) -> tuple:
-    """``x``'s shape without converting an array (JAX arrays and tracers have one)."""
+def _shape(x, name: str) -> tuple:
+    """``x``'s shape without converting an array (JAX arrays and tracers have one);
+    ValueError naming the field ``plan.<name>`` for nested sequences of unequal lengths."""
     shape = getattr(x, "shape", None)
-    return np.shape(x) if shape is None else shape
+    if shape is not None:
+        return shape
+    try:
+        return np.shape(x)
+    except ValueError:  # NumPy's "inhomogeneous shape"
+        raise ValueError(f"plan.{name} must be an array of one shape (got nested sequences "
+                         "of unequal lengths)") from None
 
 
 def _plain_host_plan(prec, xs, m: int, l: int) -> bool:
