@@ -280,14 +280,15 @@ def program_kernels(sc, plan) -> int:
     """Kernels (XLA fusions) in the compiled program of one ``lj.evaluate`` call on one plan:
     on the CPU each is a separate step of the runtime with its own fixed cost, which is what a
     single call of a tiny plan mostly pays (docs/performance.md)."""
-    from libratio_jax.physics import kernel
+    from libratio_jax.physics import cpu_dispatch, kernel
     from libratio_jax.physics.rowclasses import compact_entries, row_pairs
 
     m, l = plan.precision.shape
     # As lj.evaluate: on the CPU in the calling thread (inline, or on the synchronous
     # device), the plan's rules in the program; elsewhere the general program
     cpu = jax.default_backend() == "cpu"
-    device = None if kernel._inline_dispatch() or not cpu else kernel.synchronous_cpu_device()
+    device = (None if kernel._inline_dispatch() or not cpu
+              else cpu_dispatch.synchronous_cpu_device())
     host = device is not None or (cpu and kernel._inline_dispatch())
     ints = [getattr(plan, f) for f in kernel.INT_FIELDS]
     compact = None

@@ -30,7 +30,6 @@ from libratio_jax.physics import cpu_dispatch, gpu_kernels, native, safety, stab
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.architecture import ROW_FIELDS
 from libratio_jax.physics.cpu_dispatch import inline_dispatch as _inline_dispatch
-from libratio_jax.physics.cpu_dispatch import synchronous_cpu_device
 from libratio_jax.physics.memory import (
     largest_layer_bytes_of,
     layer_gather_bytes,
@@ -1382,7 +1381,7 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
         if ints.size and (ints.min() < -INT_LIMIT or ints.max() > INT_LIMIT):
             return None
     packed = _SCENARIO_ARGS[id(scenario)][1]
-    device = None if _inline_dispatch() else synchronous_cpu_device()
+    device = None if _inline_dispatch() else cpu_dispatch.synchronous_cpu_device()
     m, l = plan.precision.shape
     pairs = packed.pairs
     by_pairs = pairs is not None and pairs.capacities

@@ -298,10 +298,8 @@ def compact_pairs(base, precision, class_pairs: int, capacities: tuple[int, ...]
         sums = None if table is None else np.empty((m, table.shape[-1]), np.float32)
     except Exception:  # (hostile arguments: whatever reading them raises, refused)
         return NotImplemented
-    cap = (_extension.compact(base, precision, pair, entries, class_pairs, capacities)
-           if table is None else
-           _extension.compact(base, precision, pair, entries, class_pairs, capacities, table,
-                              sums))
+    with_sums = () if table is None else (table, sums)
+    cap = _extension.compact(base, precision, pair, entries, class_pairs, capacities, *with_sums)
     if cap is None or cap < 0:
         return NotImplemented
     return (entries[:m * cap].reshape(m, cap), pair, sums) if cap else None
