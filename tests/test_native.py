@@ -401,6 +401,71 @@ def test_native_rows_equal_the_xla_rows(b):
     np.testing.assert_array_equal(np.asarray(xla), want)
 
 
+def _numpy_rows(table, ids, keep):
+    f = np.where(ids < table.shape[0], ids, 0)
+    picked = table[f, np.arange(ids.shape[1])[:, None], np.arange(ids.shape[2])]
+    return np.where(keep[..., None], picked, table[F.BF16][None])
+
+
+def _columns_table(rng, m, l, distinct):
+    """``float32[F, m, l]`` whose rows of tenant ``t`` take one of ``distinct[t]`` columns
+    (as ``stability.row_stability_table``'s, one per row kind and mode), with NaNs and both
+    signed zeros among the scores."""
+    table = np.empty((F.NUM_FORMATS, m, l), np.float32)
+    for t, n in enumerate(distinct):
+        columns = rng.random((F.NUM_FORMATS, n)).astype(np.float32)
+        columns[rng.random(columns.shape) < 0.1] = np.nan
+        columns[:, 0] = 0.0
+        if n > 1:
+            columns[:, 1] = -0.0  # equal to 0.0, another column all the same
+        kinds = rng.integers(0, n, l)
+        kinds[:n] = np.arange(n)  # each column used
+        table[:, t] = columns[:, kinds]
+    return table
+
+
+@needs_native
+@pytest.mark.parametrize("b", [64, 600])  # from 64 plans the kernel reads distinct columns
+@pytest.mark.parametrize("l", [23, 41])  # 16 rows at a time, and a rest
+def test_native_rows_by_distinct_columns(b, l):
+    """A batch reads each tenant's scores from its distinct columns (at most 256 scores:
+    1 to 21 columns of 12 formats, 1 to 8 permutes; a tenant of 22 or more, or whose rows
+    are all distinct, by the gather): the same bits as NumPy's indexing, NaNs, signed zeros,
+    ids out of the domain and tenants not kept included."""
+    rng = np.random.default_rng(b + l)
+    distinct = [1, 2, 3, 5, 6, 11, 16, 21, 22, l]
+    table = _columns_table(rng, len(distinct), l, distinct)
+    ids = rng.integers(0, 256, (b, len(distinct), l)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.8] %= F.NUM_FORMATS
+    keep = rng.random((b, len(distinct))) < 0.8
+    got = jax.jit(lambda t, i, k: native.rows_stability(t, i, k, F.BF16, None))(
+        table, ids, keep)
+    want = _numpy_rows(table, ids, keep)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+
+
+@needs_native
+def test_native_rows_never_reuse_another_calls_columns():
+    """The distinct columns are kept from one call to the next while the table is the same:
+    tables that differ in one score (a sign of zero included), or in their shape, get their
+    own rows."""
+    rng = np.random.default_rng(7)
+    table = _columns_table(rng, 3, 29, [2, 4, 7])
+    ids = (rng.integers(0, 256, (100, 3, 29)) % F.NUM_FORMATS).astype(np.uint8)
+    keep = np.ones((100, 3), bool)
+    call = jax.jit(lambda t, i, k: native.rows_stability(t, i, k, F.BF16, None))
+    variants = [table]
+    for index, value in (((3, 1, 5), 0.25), ((0, 0, 28), -0.0), ((11, 2, 0), np.nan)):
+        changed = table.copy()
+        changed[index] = value
+        variants.append(changed)
+    variants += [table, table[:, :2].copy(), table[:, :, :20].copy()]
+    for t in variants:
+        i, k = ids[:, :t.shape[1], :t.shape[2]], keep[:, :t.shape[1]]
+        np.testing.assert_array_equal(np.asarray(call(t, i, k)).view(np.uint32),
+                                      _numpy_rows(t, i, k).view(np.uint32))
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bool_])
 def test_fence_is_an_identity(dtype):

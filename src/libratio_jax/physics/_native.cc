@@ -405,6 +405,77 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // Per-row scores. prec u8[B, M, L]; table f32[F, M, L]; keep pred[B, M]; out f32[B, M, L]:
 // out[p, m, r] = table[f, m, r] with f the row's id (0 when not in [0, F)), or
 // table[fallback, m, r] for a tenant not kept.
+//
+// A row's column of the table (its F scores) is one of a few per tenant: the scores depend on
+// the row's kind and its tenant's mode (stability.row_stability_table), padding rows' are all
+// 1. With AVX-512 a batch reads each row's score from its tenant's distinct columns, held in
+// registers (at most kLookupEntries scores: columns x F), by its column's offset plus its id:
+// one two-table permute per 32 scores, 16 rows at a time. A gather from the [F, M, L] table
+// took ~3x as long (2-core AMD EPYC of family 25, 65,536 reference plans, outputs already
+// mapped: ~50 -> ~19 ms, close to writing the output alone, ~15 ms: docs/performance.md,
+// thirty-fourth round). A tenant with more distinct scores than that is read by the gather.
+
+constexpr int kLookupEntries = 256;  // 8 permutes of 32 scores
+
+// Each tenant's distinct columns of a table [F, M, L]: scores[m] (pairs[m] x 32 floats, the
+// columns one after another, F each) and offset[m * L + r] (row r's column's first score);
+// pairs[m] == 0 where the tenant's distinct scores would pass kLookupEntries.
+struct Columns {
+  int64_t F = -1, M = -1, L = -1;
+  std::vector<int32_t> pairs;                 // [M]
+  std::vector<std::vector<float>> scores;     // [M][pairs x 32]
+  std::vector<int32_t> offset;                // [M * L]
+};
+
+Columns DistinctColumns(const float* table, int64_t F, int64_t M, int64_t L) {
+  Columns c;
+  c.F = F, c.M = M, c.L = L;
+  c.pairs.assign(M, 0);
+  c.scores.assign(M, {});
+  c.offset.assign(M * L, 0);
+  const int64_t plane = M * L;
+  std::vector<float> column(F);
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<float>& kept = c.scores[m];
+    bool fits = F <= kLookupEntries;
+    for (int64_t r = 0; r < L && fits; ++r) {
+      for (int64_t f = 0; f < F; ++f) column[f] = table[f * plane + m * L + r];
+      int64_t at = 0;  // bytes compared: NaNs and signed zeros keep their bits
+      while (at < int64_t(kept.size()) &&
+             std::memcmp(kept.data() + at, column.data(), F * sizeof(float)) != 0)
+        at += F;
+      if (at == int64_t(kept.size())) {
+        if (at + F > kLookupEntries) fits = false;
+        else kept.insert(kept.end(), column.begin(), column.end());
+      }
+      c.offset[m * L + r] = int32_t(at);
+    }
+    if (!fits) {
+      kept.clear();
+      continue;
+    }
+    c.pairs[m] = int32_t(std::max<size_t>(1, (kept.size() + 31) / 32));
+    kept.resize(size_t(c.pairs[m]) * 32, 0.0f);
+  }
+  return c;
+}
+
+// Kept per thread (SameInputs) with a copy of the table (~76 KB on the reference scenario:
+// comparing it ~5 us, building anew ~30 us). The tasks of a call read the calling thread's
+// copy until the call returns.
+const Columns& ColumnsFor(const float* table, int64_t F, int64_t M, int64_t L) {
+  struct Kept {
+    std::vector<char> inputs;
+    Columns columns;
+  };
+  thread_local Kept kept;
+  const bool same = SameInputs(kept.inputs, {{table, size_t(F * M * L) * sizeof(float)}});
+  if (!same || kept.columns.F != F || kept.columns.M != M || kept.columns.L != L) {
+    kept.columns.F = -1;
+    kept.columns = DistinctColumns(table, F, M, L);
+  }
+  return kept.columns;
+}
 
 #if LJ_X86
 __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -425,6 +496,38 @@ void StabilityRowsAvx512(const uint8_t* row, const float* table, int64_t plane, 
   }
 }
 
+// One tenant's rows by its distinct columns (scores: Pairs x 32 floats; offset: [L]).
+template <int Pairs>
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+void StabilityColumnsAvx512(const uint8_t* row, const float* scores, const int32_t* offset,
+                            int F, int L, float* out) {
+  __m512 lo[Pairs], hi[Pairs];
+  for (int p = 0; p < Pairs; ++p) {
+    lo[p] = _mm512_loadu_ps(scores + 32 * p);
+    hi[p] = _mm512_loadu_ps(scores + 32 * p + 16);
+  }
+  const __m512i n_formats = _mm512_set1_epi32(F);
+  for (int r = 0; r < L; r += 16) {
+    const int n = std::min(16, L - r);
+    const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
+    f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
+    const __m512i idx = _mm512_add_epi32(f, _mm512_maskz_loadu_epi32(k, offset + r));
+    __m512 v = _mm512_permutex2var_ps(lo[0], idx, hi[0]);
+    for (int p = 1; p < Pairs; ++p)  // the pair holding idx (>= 32 p) overrides
+      v = _mm512_mask_mov_ps(v, _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32 * p)),
+                             _mm512_permutex2var_ps(lo[p], idx, hi[p]));
+    _mm512_mask_storeu_ps(out + r, k, v);
+  }
+}
+
+using ColumnsFn = void (*)(const uint8_t*, const float*, const int32_t*, int, int, float*);
+constexpr ColumnsFn kColumnsFns[] = {
+    nullptr, StabilityColumnsAvx512<1>, StabilityColumnsAvx512<2>, StabilityColumnsAvx512<3>,
+    StabilityColumnsAvx512<4>, StabilityColumnsAvx512<5>, StabilityColumnsAvx512<6>,
+    StabilityColumnsAvx512<7>, StabilityColumnsAvx512<8>};
+static_assert(sizeof(kColumnsFns) / sizeof(kColumnsFns[0]) == kLookupEntries / 32 + 1);
+
 bool HasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");
@@ -440,6 +543,10 @@ void StabilityRowsScalar(const uint8_t* row, const float* table, int64_t plane, 
     out[r] = table[int64_t(f) * plane + r];
   }
 }
+
+// A batch of at least this many plans reads its scores by distinct columns (ColumnsFor);
+// fewer would not repay comparing the table with the kept copy.
+constexpr int64_t kColumnsPlans = 64;
 
 ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
                          ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::PRED> keep,
@@ -459,6 +566,7 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   float* o = out->typed_data();
   AdviseHugePages(o, size_t(B) * plane * sizeof(float));
   const bool vec = HasAvx512() && plane < (int64_t{1} << 31) / std::max(F, 1);
+  const Columns* columns = vec && B >= kColumnsPlans ? &ColumnsFor(t, F, M, L) : nullptr;
   constexpr int64_t kPlans = 256;  // plans per task
   ParallelChunks(B > kPlans ? &pool : nullptr, (B + kPlans - 1) / kPlans, [&](int64_t c) {
     for (int64_t i = c * kPlans; i < std::min(B, (c + 1) * kPlans); ++i)
@@ -470,6 +578,11 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
         }
         const uint8_t* row = p + (i * M + m) * L;
 #if LJ_X86
+        if (columns && columns->pairs[m]) {
+          kColumnsFns[columns->pairs[m]](row, columns->scores[m].data(),
+                                         columns->offset.data() + m * L, F, int(L), dst);
+          continue;
+        }
         if (vec) {
           StabilityRowsAvx512(row, t + m * L, plane, F, int(L), dst);
           continue;
