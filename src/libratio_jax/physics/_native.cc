@@ -411,10 +411,11 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // 1. With AVX-512 a batch reads each row's score from its tenant's distinct columns, held in
 // registers (at most kLookupEntries scores: columns x F), by its column's offset plus its id:
 // one two-table permute per 32 scores, 16 rows at a time. A gather from the [F, M, L] table
-// took ~3x as long (2-core AMD EPYC of family 25, 65,536 reference plans, outputs already
-// mapped: ~50 -> ~19 ms, close to writing the output alone, ~15 ms: docs/performance.md,
+// took 2-3x as long (2-core AMD EPYC of family 25, 65,536 reference plans, outputs already
+// mapped: ~40-50 -> ~21 ms, where writing the output alone takes ~15 ms: docs/performance.md,
 // thirty-fourth round). A tenant with more distinct scores than that is read by the gather.
 
+#if LJ_X86
 constexpr int kLookupEntries = 256;  // 8 permutes of 32 scores
 
 // Each tenant's distinct columns of a table [F, M, L]: scores[m] (pairs[m] x 32 floats, the
@@ -477,7 +478,6 @@ const Columns& ColumnsFor(const float* table, int64_t F, int64_t M, int64_t L) {
   return kept.columns;
 }
 
-#if LJ_X86
 __attribute__((target("avx512f,avx512bw,avx512vl")))
 void StabilityRowsAvx512(const uint8_t* row, const float* table, int64_t plane, int F, int L,
                          float* out) {
@@ -528,6 +528,10 @@ constexpr ColumnsFn kColumnsFns[] = {
     StabilityColumnsAvx512<7>, StabilityColumnsAvx512<8>};
 static_assert(sizeof(kColumnsFns) / sizeof(kColumnsFns[0]) == kLookupEntries / 32 + 1);
 
+// A batch of at least this many plans reads its scores by distinct columns (ColumnsFor);
+// fewer would not repay comparing the table with the kept copy.
+constexpr int64_t kColumnsPlans = 64;
+
 bool HasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");
@@ -543,10 +547,6 @@ void StabilityRowsScalar(const uint8_t* row, const float* table, int64_t plane, 
     out[r] = table[int64_t(f) * plane + r];
   }
 }
-
-// A batch of at least this many plans reads its scores by distinct columns (ColumnsFor);
-// fewer would not repay comparing the table with the kept copy.
-constexpr int64_t kColumnsPlans = 64;
 
 ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
                          ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::PRED> keep,
@@ -566,7 +566,9 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   float* o = out->typed_data();
   AdviseHugePages(o, size_t(B) * plane * sizeof(float));
   const bool vec = HasAvx512() && plane < (int64_t{1} << 31) / std::max(F, 1);
+#if LJ_X86
   const Columns* columns = vec && B >= kColumnsPlans ? &ColumnsFor(t, F, M, L) : nullptr;
+#endif
   constexpr int64_t kPlans = 256;  // plans per task
   ParallelChunks(B > kPlans ? &pool : nullptr, (B + kPlans - 1) / kPlans, [&](int64_t c) {
     for (int64_t i = c * kPlans; i < std::min(B, (c + 1) * kPlans); ++i)
