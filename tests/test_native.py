@@ -445,6 +445,24 @@ def test_native_rows_by_distinct_columns(b, l):
 
 
 @needs_native
+@pytest.mark.parametrize("n_formats,distinct", [(1, 32), (1, 33), (3, 85), (40, 6), (300, 1)])
+def test_native_rows_by_distinct_columns_of_any_width(n_formats, distinct):
+    """Tables of other widths than 12 formats: at most 32 distinct columns of at most 256
+    scores a tenant are read by permutes, more by the gather; the same bits either way."""
+    rng = np.random.default_rng(n_formats + distinct)
+    m, l, b = 2, 90, 70
+    columns = rng.random((m, n_formats, distinct)).astype(np.float32)
+    kinds = np.concatenate([np.arange(distinct), rng.integers(0, distinct, l - distinct)])
+    table = np.ascontiguousarray(columns[:, :, kinds].transpose(1, 0, 2))  # [F, m, l]
+    ids = rng.integers(0, 256, (b, m, l)).astype(np.uint8)
+    keep = rng.random((b, m)) < 0.8
+    got = jax.jit(lambda t, i, k: native.rows_stability(t, i, k, 0, None))(table, ids, keep)
+    f = np.where(ids < n_formats, ids, 0)
+    want = np.where(keep[..., None], table[f, np.arange(m)[:, None], np.arange(l)], table[0][None])
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+
+
+@needs_native
 def test_native_rows_never_reuse_another_calls_columns():
     """The distinct columns are kept from one call to the next while the table is the same:
     tables that differ in one score (a sign of zero included), or in their shape, get their

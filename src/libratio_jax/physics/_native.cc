@@ -33,6 +33,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -417,10 +418,15 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 
 #if LJ_X86
 constexpr int kLookupEntries = 256;  // 8 permutes of 32 scores
+// Columns a tenant may have at most (a table of 12 formats has at most 21 that fit anyway):
+// finding a row's column scans those found so far, so this bounds the cost of a new table
+// (a review's table of one format had 256 distinct columns: ~5x the gather's call).
+constexpr int kLookupColumns = 32;
 
 // Each tenant's distinct columns of a table [F, M, L]: scores[m] (pairs[m] x 32 floats, the
 // columns one after another, F each) and offset[m * L + r] (row r's column's first score);
-// pairs[m] == 0 where the tenant's distinct scores would pass kLookupEntries.
+// pairs[m] == 0 where the tenant's distinct scores would pass kLookupEntries, or its columns
+// kLookupColumns.
 struct Columns {
   int64_t F = -1, M = -1, L = -1;
   std::vector<int32_t> pairs;                 // [M]
@@ -446,7 +452,7 @@ Columns DistinctColumns(const float* table, int64_t F, int64_t M, int64_t L) {
              std::memcmp(kept.data() + at, column.data(), F * sizeof(float)) != 0)
         at += F;
       if (at == int64_t(kept.size())) {
-        if (at + F > kLookupEntries) fits = false;
+        if (at + F > kLookupEntries || at / F >= kLookupColumns) fits = false;
         else kept.insert(kept.end(), column.begin(), column.end());
       }
       c.offset[m * L + r] = int32_t(at);
@@ -567,7 +573,14 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   AdviseHugePages(o, size_t(B) * plane * sizeof(float));
   const bool vec = HasAvx512() && plane < (int64_t{1} << 31) / std::max(F, 1);
 #if LJ_X86
-  const Columns* columns = vec && B >= kColumnsPlans ? &ColumnsFor(t, F, M, L) : nullptr;
+  const Columns* columns = nullptr;
+  if (vec && B >= kColumnsPlans) {
+    try {
+      columns = &ColumnsFor(t, F, M, L);
+    } catch (const std::bad_alloc&) {  // (its copy of the table or the columns): the gather
+      columns = nullptr;
+    }
+  }
 #endif
   constexpr int64_t kPlans = 256;  // plans per task
   ParallelChunks(B > kPlans ? &pool : nullptr, (B + kPlans - 1) / kPlans, [&](int64_t c) {
