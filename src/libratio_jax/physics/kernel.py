@@ -1417,13 +1417,19 @@ def _evaluate_host_plan(scenario: Scenario, plan: Plan, n_pools: int, layer_stab
     return out
 
 
+def _keep(kept: dict, key, make, *args):
+    """``kept[key]``, made as ``make(*args)`` at its first need (``_Packed.kept``: what one
+    host plan needs of its scenario, made once per scenario object)."""
+    value = kept.get(key)
+    if value is None:
+        value = kept[key] = make(*args)
+    return value
+
+
 def _kept(packed: _Packed, key: str, table_fn, scenario: Scenario) -> np.ndarray:
     """``table_fn(scenario)`` as a host array, made at its first need and kept with the
     scenario (``_Packed.kept[key]``)."""
-    table = packed.kept.get(key)
-    if table is None:
-        table = packed.kept[key] = np.asarray(table_fn(scenario))
-    return table
+    return _keep(packed.kept, key, lambda: np.asarray(table_fn(scenario)))
 
 
 def _host_program(kept: dict, m: int, l: int, n_pools: int, layout, layer_stability: bool,
@@ -1431,12 +1437,8 @@ def _host_program(kept: dict, m: int, l: int, n_pools: int, layout, layer_stabil
     """:func:`_program` of one host plan with its rules, kept with the scenario
     (``_Packed.kept``: looking it up by its arguments would hash the scenario's layout, ~2 µs
     a call)."""
-    key = (m, l, n_pools, layer_stability, capacity, device)
-    program = kept.get(key)
-    if program is None:
-        program = kept[key] = _program((), m, l, n_pools, layout, True, layer_stability,
-                                       capacity, True, device)
-    return program
+    return _keep(kept, (m, l, n_pools, layer_stability, capacity, device), _program, (), m, l,
+                 n_pools, layout, True, layer_stability, capacity, True, device)
 
 
 def _args_on(packed: _Packed, which: str, device: jax.Device | None) -> tuple:
@@ -1445,12 +1447,9 @@ def _args_on(packed: _Packed, which: str, device: jax.Device | None) -> tuple:
     scenario), or as they are for ``None``."""
     if device is None:
         return getattr(packed, which)
-    key = (which, device)
-    moved = packed.kept.get(key)
-    if moved is None:
-        layout, arrays = getattr(packed, which)
-        moved = packed.kept[key] = (layout, tuple(jax.device_put(arrays, device)))
-    return moved
+    layout, arrays = getattr(packed, which)
+    return _keep(packed.kept, (which, device),
+                 lambda: (layout, tuple(jax.device_put(arrays, device))))
 
 
 # Integer dtypes whose every value packs into int32 unchanged (validated plans hold integers):
