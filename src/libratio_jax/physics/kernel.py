@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from libratio_jax.physics import cpu_dispatch, gpu_kernels, native, safety, stability
+from libratio_jax.physics import cpu_dispatch, cuda_kernels, gpu_kernels, native, safety, stability
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.architecture import ROW_FIELDS
 from libratio_jax.physics.cpu_dispatch import inline_dispatch as _inline_dispatch
@@ -571,7 +571,11 @@ def _kernel_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, 
     plan_terms = jnp.concatenate(
         [jnp.stack([jnp.broadcast_to(x, r.work.shape)[:, 0, 0] for x in scalars], axis=-1),
          jnp.swapaxes(r.seconds_per_flop[:, 0], 1, 2)], axis=-1)  # [M, b, 4 + F]
-    got = gpu_kernels.class_sums(grid, ids, plan_terms, entries, full)
+    if cuda_kernels.status().used and cuda_kernels.supports(grid.shape, ids.shape,
+                                                            full.shape[1]):
+        got = cuda_kernels.class_sums(grid, ids, plan_terms, entries, full)
+    else:
+        got = gpu_kernels.class_sums(grid, ids, plan_terms, entries, full)
     k = table.shape[1]
     sums = native.EntrySums(got.sums[:, :k], got.peak, got.sums[:, k:])
     return _row_sums(scenario, rows, r, got.roofline, summed, sums), got.complete
