@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
+from libratio_jax.physics import cuda_kernels as CK  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics import gpu_kernels as G  # noqa: E402
 from libratio_jax.physics import rowclasses as RC  # noqa: E402
@@ -179,6 +180,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--evaluate-parity", type=int, default=0, metavar="PLANS",
                     help="also compare lj.evaluate's metrics with the kernel and without it")
+    ap.add_argument("--no-pallas", action="store_true",
+                    help="time the CUDA kernel alone, not the Pallas forms")
     ap.add_argument("--interpret", action="store_true",
                     help="the Pallas forms in Pallas' interpreter, on any backend (a smoke "
                          "test of this script; its timings mean nothing)")
@@ -211,7 +214,22 @@ def main(argv=None) -> None:
     if G.available():
         want_counts = jax.jit(RC.count_ids)(grid, ids)
         want_sums = jax.jit(_xla_sums)(grid, ids, *sum_args)
-        shapes = [(G.PLANS_PER_PROGRAM, G.ROWS_PER_TILE, G.NUM_WARPS)]
+        if CK.status().used:  # the CUDA kernel (physics/cuda_kernels.py), checked first
+            cuda = functools.partial(CK.class_sums, grid)
+            try:
+                got = jax.jit(cuda)(ids, *sum_args)
+                for g, w in zip(got, want_sums, strict=True):
+                    if not bool(_close(g, w)):
+                        raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
+            except Exception as e:  # noqa: BLE001 (reported, not timed)
+                rec = dict(benchmark="class_kernels", form="cuda_class_sums", batch=b,
+                           error=f"{type(e).__name__}: {str(e)[:400]}")
+                print(json.dumps(rec), flush=True)
+                records.append(rec)
+            else:
+                timed("cuda_class_sums", cuda, ids, *sum_args)
+        shapes = [] if args.no_pallas else [(G.PLANS_PER_PROGRAM, G.ROWS_PER_TILE,
+                                             G.NUM_WARPS)]
         shapes += list(VARIANTS) if args.variants else []
         for bp, lt, warps in shapes:
             shape = dict(plans_per_program=bp, rows_per_tile=lt, num_warps=warps)

@@ -53,6 +53,15 @@ RESULTS = os.path.join(HERE, "results")
 RUNS = os.path.join(HERE, "..", "runs", "benchmarks")
 
 
+def gpu_class_path() -> str:
+    """Which form counts and sums a full-resolution batch on this process's GPU: ``cuda``
+    (physics/cuda_kernels.py), ``pallas`` (physics/gpu_kernels.py) or ``xla``."""
+    from libratio_jax.physics import cuda_kernels, gpu_kernels
+
+    return ("cuda" if cuda_kernels.status().used else "pallas" if gpu_kernels.available()
+            else "xla")
+
+
 def add_output_args(ap) -> None:
     """``--out`` (a JSON file) and ``--save-results`` (write ``benchmarks/results/``)."""
     ap.add_argument("--out", default=None,

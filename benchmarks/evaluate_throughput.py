@@ -42,11 +42,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import add_output_args, save_records, time_jitted  # noqa: E402
+from common import add_output_args, gpu_class_path, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
-from libratio_jax.physics import gpu_kernels  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.testing import reference as R  # noqa: E402
 
@@ -142,7 +141,7 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
             rec.update(tags or {})
             if sc.row_classes is not None and jax.default_backend() == "gpu":
                 # the full-resolution batch path's form there (physics.gpu_kernels)
-                rec["class_path"] = "pallas" if gpu_kernels.available() else "xla"
+                rec["class_path"] = gpu_class_path()
             print(json.dumps(rec), flush=True)
             out.append(rec)
     return out

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# One lent GPU's checks and measurements in one call (docs/performance.md, "On one H100" and
-# the thirtieth round): the Pallas kernels' tests and the class path's parity tests on the
-# device, the class path's per-row forms alone (class_kernels.py), one call's kernels
-# (profile_evaluate.py) as the library runs now and as it ran before the thirtieth round
-# (--xla-class-path --no-barrier) on the same card, then the throughput
-# (evaluate_throughput.py) and the Fleet environment (env_throughput.py).
+# One lent GPU's checks and measurements in one call (docs/performance.md, "On one H100",
+# the thirtieth and thirty-fifth rounds): the CUDA kernel's tests and the class path's
+# parity tests against the plain-Python reference on the device, the class path's forms
+# alone (class_kernels.py: the CUDA kernel, the Pallas ones, lj.evaluate's parity with and
+# without the kernel), the throughput (evaluate_throughput.py), one call's kernels
+# (profile_evaluate.py) and the Fleet environment (env_throughput.py).
 #
 #   OUT=/some/folder bash benchmarks/gpu_session.sh      # from the repository's root
 #
-# BATCHES (default "1 65536 1048576"), PROFILE_BATCH (1048576) and ENVS (65536) set the sizes.
+# BATCHES (default "1 65536 1048576"), PROFILE_BATCH (1048576) and ENVS (65536) set the
+# sizes; CLASS_KERNELS_ARGS (e.g. --no-pallas) and THROUGHPUT_ARGS (e.g. "--block-groups 0")
+# pass more options. The CUDA kernel runs where physics/_cuda_kernels.so was built (carry
+# it: `LIBRATIO_BUILD_CUDA=1 python setup.py build_ext --inplace` here, nvcc needed).
 # Needs JAX with a GPU backend, flax, optax, chex, pytest and hypothesis where it runs; the
 # project's other dependencies (orjson, msgspec) as wheels in .whl/ if they are missing
 # there (installed into /tmp/site). Everything printed also goes to $OUT/log.txt; results
 # are written under $OUT (at most 8 files come back from the device tool: the profiles and
-# their traces are packed into profiles.tgz). Its steps' limits add up to 590 s (the device
+# their traces are packed into profiles.tgz). Its steps' limits add up to 525 s (the device
 # tool allows 600 s a command). LIBRATIO_GPU_KERNELS=0 in the environment runs every step
-# with XLA's class path.
+# with XLA's class path, LIBRATIO_CUDA_KERNELS=0 with the Pallas kernel.
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
 BATCHES=${BATCHES:-1 65536 1048576}
@@ -33,25 +36,23 @@ quiet() { grep -v "bfc_allocator\|^W[0-9]\{4\} \|compiling, then"; }
 {
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
-  step "the Pallas kernels' tests and the class path's parity tests on the device"
-  # (a GPU compiles each test's programs: the thirtieth round's 80 s ran 9 of the 11 tests)
-  if ! timeout 170 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
-      tests/test_kernel.py -k "gpu_kernels or compiled or parity_with_python_reference or class_counts_equal or merged_batch_equals or barrier_as_fence" \
-      2>&1 | tail -25; then
-    echo "!!! a test failed or ran out of time: the later steps' records say which class path ran"
+  python3 -c "from libratio_jax.physics import cuda_kernels as c; print('cuda kernel', c.status())"
+  step "the CUDA kernel's tests, the class path's parity with the Python reference"
+  if ! timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py \
+      tests/test_kernel.py -k "cuda or parity_with_python_reference" --tb=short 2>&1 \
+      | tail -60; then
+    echo "!!! a test failed or ran out of time"
   fi
-  step "the class path's per-row forms alone, and lj.evaluate with and without the kernel"
-  timeout 110 python3 benchmarks/class_kernels.py --batch "$PROFILE_BATCH" --variants \
+  step "the class path's forms alone (CUDA, Pallas), lj.evaluate with the kernel and without"
+  timeout 120 python3 benchmarks/class_kernels.py --batch "$PROFILE_BATCH" ${CLASS_KERNELS_ARGS:-} \
     --evaluate-parity 4096 --out "$OUT/class_kernels_gpu.json" 2>&1 | quiet
+  step "throughput"
+  timeout 150 python3 benchmarks/evaluate_throughput.py --batches $BATCHES --reference-plans 20 \
+    ${THROUGHPUT_ARGS:-} \
+    --single-call-trials 0 --out "$OUT/evaluate_throughput_gpu.json" 2>&1 | quiet
   step "kernels of one call"
   timeout 55 python3 benchmarks/profile_evaluate.py --batch "$PROFILE_BATCH" \
     --out "$OUT/profiles/profile_evaluate_gpu.json" 2>&1 | quiet
-  step "kernels of one call as before the thirtieth round (XLA's class path, no fences)"
-  timeout 55 python3 benchmarks/profile_evaluate.py --batch "$PROFILE_BATCH" --xla-class-path \
-    --no-barrier --out "$OUT/profiles/profile_evaluate_before_gpu.json" 2>&1 | quiet
-  step "throughput"
-  timeout 150 python3 benchmarks/evaluate_throughput.py --batches $BATCHES --reference-plans 20 \
-    --single-call-trials 0 --out "$OUT/evaluate_throughput_gpu.json" 2>&1 | quiet
   step "Fleet-v0"
   timeout 50 python3 benchmarks/env_throughput.py --envs "$ENVS" \
     --out "$OUT/env_throughput_gpu.json" 2>&1 | quiet

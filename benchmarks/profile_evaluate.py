@@ -42,7 +42,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import time_jitted  # noqa: E402
+from common import gpu_class_path, time_jitted  # noqa: E402
 from evaluate_throughput import _tile  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
@@ -123,8 +123,8 @@ def main(argv=None) -> None:
                     "layer_stability": args.layer_stability,
                     "fence": ("native (CPU)" if not off_cpu else
                               "none" if args.no_barrier else "optimization_barrier"),
-                    "class_path": ("pallas" if gpu_kernels.available() and sc.row_classes
-                                   is not None else "xla" if off_cpu else "cpu"),
+                    "class_path": (gpu_class_path() if sc.row_classes is not None and off_cpu
+                                   else "xla" if off_cpu else "cpu"),
                     "plans_per_second": round(args.batch / run_s, 1),
                     "kernel_microseconds": round(total, 1),
                     "kernels": sum(n for _, n in times.values())})
