@@ -48,7 +48,6 @@ extensions = [] if include is None or os.environ.get("LIBRATIO_NO_NATIVE") else 
 )]
 
 
-
 def _wants_cuda() -> bool:
     if os.environ.get("LIBRATIO_NO_NATIVE") or include is None or not shutil.which("nvcc"):
         return False

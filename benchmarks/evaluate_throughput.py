@@ -140,7 +140,7 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
             }
             rec.update(tags or {})
             if sc.row_classes is not None and jax.default_backend() == "gpu":
-                # the full-resolution batch path's form there (physics.gpu_kernels)
+                # the full-resolution batch path's form there (cuda, pallas or xla)
                 rec["class_path"] = gpu_class_path()
             print(json.dumps(rec), flush=True)
             out.append(rec)

@@ -283,6 +283,8 @@ ffi::Error ClassSums(cudaStream_t stream, ffi::Buffer<ffi::U8> ids,
       kPlansPerBlock * tenants * rows + kSlack > kMaxSharedBytes ||
       member.element_count() != tenants * steps * 32 * 4)
     return ffi::Error::InvalidArgument("lj_class_sums_cuda: shapes out of the kernel's range");
+  if (reinterpret_cast<uintptr_t>(ids.untyped_data()) % 16 != 0)  // (16-byte copies)
+    return ffi::Error::InvalidArgument("lj_class_sums_cuda: ids not 16-byte aligned");
   if (num_plans == 0) return ffi::Error::Success();
   cudaError_t err = cudaSuccess;
   auto args = [&](auto launch) {

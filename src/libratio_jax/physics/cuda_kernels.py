@@ -55,8 +55,7 @@ MAX_TERMS = 31  # summed terms (with the column of ones: four MMA tiles of 8)
 MAX_SHARED_BYTES = 227 * 1024  # a block stages 16 plans' bytes (Hopper's most a block)
 PLANS_PER_BLOCK = 16
 ROWS_PER_STEP = 32
-PLAN_SLOTS = 16  # per plan: 4 factors, then the 12 formats' (ENTRY: 8 per entry)
-ENTRY_SLOTS = 8
+ENTRY_SLOTS = 8  # floats per (format, class) entry: 5 terms, then zeros
 
 
 class CudaStatus(NamedTuple):

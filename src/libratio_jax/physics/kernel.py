@@ -535,12 +535,14 @@ def _class_row_sums(scenario: Scenario, rows: dict, tables: tuple, fields: dict,
 def _gpu_class_row_sums(scenario: Scenario, rows: dict, tables: tuple, grid, fields: dict,
                         ids) -> tuple[dict, jax.Array]:
     """:func:`_class_row_sums` on an NVIDIA GPU from the plans' format ids ``ids uint8[b, M,
-    L]``, with no counts: one Pallas kernel (``gpu_kernels.class_sums``) counts each plan's
-    rows and sums the roofline, the weighted terms and the largest held entry of its counts
-    in registers (the XLA form wrote the counts, then ran the roofline over every entry of
-    every plan: ~36 of ~38 ms of a 1,048,576-plan call on an H100). Also returns whether
-    every row of a tenant holds a format (``[M, b]``). Lowered for another platform
-    (``gpu_kernels.PLATFORMS``), the counts and :func:`_class_row_sums` instead."""
+    L]``, with no counts: one kernel counts each plan's rows and sums the roofline, the
+    weighted terms and the largest held entry of its counts in registers, the CUDA one
+    (``cuda_kernels.class_sums``) where it is built and takes the scenario, else the Pallas
+    one (``gpu_kernels.class_sums``); the XLA form wrote the counts, then ran the roofline
+    over every entry of every plan (~36 of ~38 ms of a 1,048,576-plan call on an H100).
+    Also returns whether every row of a tenant holds a format (``[M, b]``). Lowered for
+    another platform (``gpu_kernels.PLATFORMS``), the counts and :func:`_class_row_sums`
+    instead."""
     def elsewhere(fields, ids):
         counts, complete = format_counts(grid, ids, with_complete=True, compact=True)
         return _class_row_sums(scenario, rows, tables, fields, counts), complete
@@ -841,8 +843,9 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
     counts (:func:`_picked_row_sums`), else :func:`evaluate_one` per plan; chunked on CPU
     (:func:`map_chunks`), the per-row ``layer_stability [B, M, L]`` after the chunks
     (:func:`rows_layer_stability`). On an NVIDIA GPU a full-resolution batch is counted and
-    summed by one Pallas kernel (:func:`_gpu_class_row_sums`). ``layer_stability=False``
-    leaves that field None (the class path then reads each row once, to count it)."""
+    summed by one kernel, CUDA or Pallas (:func:`_gpu_class_row_sums`).
+    ``layer_stability=False`` leaves that field None (the class path then reads each row
+    once, to count it)."""
     m, l = scenario.num_tenants, scenario.num_layers
     if not _by_class(scenario):
         def chunk(p):
