@@ -21,7 +21,8 @@ import subprocess
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CUDA_SOURCE = "src/libratio_jax/physics/_cuda_kernels.cu"
+CUDA_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "libratio_jax",
+                           "physics", "_cuda_kernels.cu")
 # sm_80 (A100) and sm_90 (H100, H200) machine code, and PTX for later GPUs to compile
 CUDA_TARGETS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode",
                 "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90,code=compute_90"]
@@ -49,7 +50,8 @@ extensions = [] if include is None or os.environ.get("LIBRATIO_NO_NATIVE") else 
 
 
 def _wants_cuda() -> bool:
-    if os.environ.get("LIBRATIO_NO_NATIVE") or include is None or not shutil.which("nvcc"):
+    if (os.environ.get("LIBRATIO_NO_NATIVE") or include is None or not shutil.which("nvcc")
+            or not os.path.exists(CUDA_SOURCE)):
         return False
     if os.environ.get("LIBRATIO_BUILD_CUDA", "").strip() == "1":
         return True
@@ -74,10 +76,10 @@ class BuildWithCuda(build_ext):
         cmd = ["nvcc", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
                f"-I{include}", *CUDA_TARGETS, "-o", out, CUDA_SOURCE]
         try:
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-        except (OSError, subprocess.CalledProcessError) as e:
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.SubprocessError) as e:
             print(f"libratio_jax: the CUDA kernel was not built ({e}): "
-                  f"{getattr(e, 'stderr', '')[-2000:]}")
+                  f"{str(getattr(e, 'stderr', None) or '')[-2000:]}")
 
 
 setup(ext_modules=extensions, cmdclass={"build_ext": BuildWithCuda})

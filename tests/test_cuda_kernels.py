@@ -9,6 +9,8 @@ On an NVIDIA GPU with the extension built: the compiled kernel against the same 
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,6 +202,37 @@ def test_prepared_operands_give_the_reference_sums(batch):
     assert not want_complete.all()  # the hostile ids were counted nowhere
 
 
+@pytest.mark.parametrize("tenants,layers,batch", [(1, 5, 3), (3, 37, 17), (16, 33, 2)])
+def test_prepared_operands_of_any_shape(tenants, layers, batch):
+    """Shapes the reference scenario does not have: one tenant, an odd number of rows (a
+    plan's tenants at byte offsets that are not word-aligned), 16 tenants, a batch that is
+    not a multiple of the kernel's 16 plans, classes of up to 63 rows in a random grid."""
+    rng = np.random.default_rng(tenants * 100 + layers)
+    c, s = 16, 63
+    grid = np.full((tenants, c, s), layers, np.int32)  # padding slots: >= L
+    for m in range(tenants):
+        cls = rng.integers(0, c, layers)
+        for k in range(c):
+            rows = np.nonzero(cls == k)[0][:s]
+            grid[m, k, :len(rows)] = rows
+    ids = rng.integers(0, 256, (batch, tenants, layers)).astype(np.uint8)
+    ids[rng.random(ids.shape) < 0.7] %= NF  # mostly in the domain
+    plan_terms = rng.uniform(0.5, 2.0, (tenants, batch, 4 + NF)).astype(np.float32)
+    entries = rng.uniform(0.0, 3.0, (tenants, NF, 6, c)).astype(np.float32)
+    entries[:, :, 3:5] = rng.random((tenants, NF, 2, c)) < 0.5
+    table = rng.normal(size=(tenants, 9, c, NF)).astype(np.float32)
+    roof, sums, peak = _replay(ids, np.asarray(CK.member_fragments(grid, layers)),
+                               np.asarray(CK.plan_fragments(plan_terms)),
+                               np.asarray(CK.entry_fragments(entries)),
+                               np.asarray(CK.table_fragments(table)))
+    want_roof, _, want_peak, want_complete = _reference(grid, layers, ids, plan_terms, entries,
+                                                        table)
+    assert _close(roof, want_roof) < 1e-5 and np.array_equal(peak, want_peak)
+    assert _sums_error(sums[:, :9], grid, layers, ids, table) < 1e-6
+    sizes = np.sum(grid < layers, axis=(1, 2))
+    assert np.array_equal(np.round(sums[:, 9]) == sizes[:, None], want_complete)
+
+
 def test_selector_maps_every_byte_to_its_pair_lanes():
     """Every id 0-255 in every byte position: one 1 or 64 where its format's pair is, 0
     elsewhere, out-of-domain ids 0 in every pair."""
@@ -231,6 +264,21 @@ def test_status_says_why_not_here():
     st = CK.status()
     if jax.default_backend() != "gpu":
         assert not st.used and st.reason
+
+
+@pytest.mark.skipif(not os.path.exists(CK.LIBRARY) or jax.default_backend() == "gpu",
+                    reason="the extension is not built here (setup.py), or a GPU is present")
+def test_built_extension_names_its_layouts_and_refuses_a_machine_without_a_gpu():
+    """The built library's exports as status() reads them: its layouts' version equals the
+    Python side's, and its probe answers a CUDA error where no driver or device is."""
+    import ctypes
+
+    library = ctypes.cdll.LoadLibrary(CK.LIBRARY)
+    assert library.LjClassSumsCudaAbi() == CK.ABI_VERSION
+    probe = library.LjClassSumsCudaProbe
+    probe.argtypes, probe.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.c_int
+    shared = ctypes.c_int64(-1)
+    assert probe(ctypes.byref(shared)) != 0 and shared.value == -1
 
 
 needs_kernel = pytest.mark.skipif(not CK.status().used, reason=CK.status().reason or "used")

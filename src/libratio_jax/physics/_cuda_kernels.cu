@@ -15,8 +15,8 @@
 // tensor-core products (each table split into three bf16 parts, the counts exact in bf16),
 // a column of ones in the table giving each plan's rows counted.
 //
-// Measured on an H200 (1,048,576 reference plans): 3.3 ms in a call's trace, the Pallas
-// kernel 14.8 ms; ~940 warp-instructions per plan, 35% of the issue slots busy, 25%
+// Measured on an H200 (1,048,576 reference plans): 3.25 ms of kernel time in a call's trace
+// (4.0 ms timed alone with its operands' preparation), the Pallas kernel 14.8 ms; ~940 warp-instructions per plan, 35% of the issue slots busy, 25%
 // occupancy (105 registers). Nsight Compute puts ~57% of the stall samples on the epilogue's
 // loads of the tables and entries (each warp reads its tenant's ~34 KB per 16 plans; L1 hit
 // rate 70%) and 67% of the shared-memory wavefronts in excess (bank conflicts of the rows'
@@ -50,7 +50,13 @@ constexpr int kPlansPerBlock = 16;  // one warp's MMA rows: 16 plans of one tena
 constexpr int kMaxTenants = 16;     // warps per block, one per tenant
 constexpr int kPairs = 6;           // twelve formats, two per product
 constexpr int kSlack = 64;          // bytes past the plans in shared memory (0xFF)
-constexpr int64_t kMaxSharedBytes = 227 * 1024;  // a block's on Hopper (163 KB on an A100)
+// A block's shared memory at most on Hopper; less elsewhere (163 KB on an A100, ~99 KB on
+// compute capability 8.6 and 8.9): LjClassSumsCudaProbe reports the device's, which
+// cuda_kernels.supports() respects.
+constexpr int64_t kMaxSharedBytes = 227 * 1024;
+// The operands' layouts: bumped with every change of them, checked by cuda_kernels.status()
+// (an extension built from older sources is not used).
+constexpr int kAbiVersion = 1;
 
 __device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -120,10 +126,6 @@ __device__ __forceinline__ void EightRows(const uint32_t* words, uint32_t byte, 
 __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src));
-}
-__device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
 }
 __device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
@@ -316,3 +318,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjClassSumsCuda, ClassSums,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// The layouts' version this library was built with (kAbiVersion).
+extern "C" int LjClassSumsCudaAbi() { return kAbiVersion; }
+
+// 0 when this process's current CUDA device can run the kernel (its module loads for the
+// device: a driver recent enough for this build, machine code or PTX for the device), with
+// the most dynamic shared memory a block may ask for there in *max_shared_bytes; else a
+// CUDA error code.
+extern "C" int LjClassSumsCudaProbe(int64_t* max_shared_bytes) {
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaFuncAttributes attributes;
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, ClassSumsKernel<1>);
+  if (err != cudaSuccess) return int(err);
+  *max_shared_bytes = int64_t(optin) - int64_t(attributes.sharedSizeBytes);
+  return 0;
+}

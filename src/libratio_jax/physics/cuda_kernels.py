@@ -44,6 +44,7 @@ import numpy as np
 
 from libratio_jax.physics import formats as F
 from libratio_jax.physics import gpu_kernels
+from libratio_jax.physics.rowclasses import format_ids
 
 ENV_SWITCH = "LIBRATIO_CUDA_KERNELS"  # "0": the Pallas kernel instead
 TARGET = "lj_class_sums_cuda"
@@ -58,19 +59,26 @@ ROWS_PER_STEP = 32
 ENTRY_SLOTS = 8  # floats per (format, class) entry: 5 terms, then zeros
 
 
+ABI_VERSION = 1  # the operands' layouts the source's kAbiVersion names (bumped together)
+
+
 class CudaStatus(NamedTuple):
     """Whether this process runs :func:`class_sums`' kernel, and why not."""
 
     used: bool
     reason: str  # "" when used
+    max_shared_bytes: int = 0  # a block's most dynamic shared memory on the device
 
 
 @functools.cache
 def status() -> CudaStatus:
     """Whether the batch path on this process's default device runs the CUDA kernel: an
     NVIDIA GPU of compute capability 8.0 or later as JAX's default backend, the extension
-    built and registered, ``LIBRATIO_CUDA_KERNELS`` not ``0``, and the Pallas kernels'
-    conditions (``gpu_kernels.available``) met. Read once per process."""
+    built from these sources (its layouts' version is :data:`ABI_VERSION`), its kernel
+    loadable on the device (a probe: the driver runs the build's CUDA, the build holds code
+    for the device; it also reads the device's most shared memory a block), the handler
+    registered, ``LIBRATIO_CUDA_KERNELS`` not ``0``, and the Pallas kernels' conditions
+    (``gpu_kernels.available``) met. Read once per process."""
     if os.environ.get(ENV_SWITCH, "1").strip() == "0":
         return CudaStatus(False, f"disabled by {ENV_SWITCH}=0")
     if not gpu_kernels.available():
@@ -84,22 +92,36 @@ def status() -> CudaStatus:
                                  f"nvcc, or LIBRATIO_BUILD_CUDA=1)")
     try:
         library = ctypes.cdll.LoadLibrary(LIBRARY)
+        abi = library.LjClassSumsCudaAbi()
+        if abi != ABI_VERSION:
+            return CudaStatus(False, f"{LIBRARY} was built from other sources (layouts "
+                                     f"{abi}, not {ABI_VERSION}): rebuild it (pip install -e .)")
+        probe = library.LjClassSumsCudaProbe
+        probe.argtypes, probe.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.c_int
+        shared = ctypes.c_int64(0)
+        error = probe(ctypes.byref(shared))
+        if error:
+            return CudaStatus(False, f"the kernel cannot run on this device (CUDA error {error}:"
+                                     " an older driver than the build's CUDA, or no code for it)")
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.LjClassSumsCuda),
                                     platform="CUDA")
     except Exception as e:  # any failure: the Pallas kernel, and the reason kept
         return CudaStatus(False, f"loading {LIBRARY} failed: {type(e).__name__}: {e}")
-    return CudaStatus(True, "")
+    return CudaStatus(True, "", min(int(shared.value), MAX_SHARED_BYTES))
 
 
 def supports(grid_shape, ids_shape, terms: int) -> bool:
     """Whether the kernel takes a grid ``[M, C, S]``, ids ``[B, M, L]`` and ``terms`` summed
     terms (else the Pallas kernel runs): at most :data:`CLASSES` classes, :data:`MAX_CLASS_ROWS`
-    rows a class, :data:`MAX_TENANTS` tenants, :data:`MAX_TERMS` terms, and 16 plans' bytes
-    in one block's shared memory."""
+    slots (rows) a class, :data:`MAX_TENANTS` tenants, :data:`MAX_TERMS` terms, and 16 plans'
+    bytes in one block's shared memory (the device's most where :func:`status` probed it,
+    else :data:`MAX_SHARED_BYTES`)."""
     m, c, s = grid_shape
     _, _, l = ids_shape
+    st = status()
+    shared = st.max_shared_bytes if st.used else MAX_SHARED_BYTES
     return (c <= CLASSES and s <= MAX_CLASS_ROWS and 1 <= m <= MAX_TENANTS
-            and terms <= MAX_TERMS and PLANS_PER_BLOCK * m * l + 64 <= MAX_SHARED_BYTES)
+            and terms <= MAX_TERMS and PLANS_PER_BLOCK * m * l + 64 <= shared)
 
 
 def steps(num_layers: int) -> int:
@@ -239,7 +261,7 @@ def class_sums(grid, ids, plan_terms, entries, table) -> gpu_kernels.ClassSums:
                 jax.ShapeDtypeStruct((m, 8 * tiles, b), jnp.float32),
                 jax.ShapeDtypeStruct((m, b), jnp.float32))
     roof, sums, peak = jax.ffi.ffi_call(TARGET, out_type)(
-        ids.astype(jnp.uint8), member_fragments(grid, l), plan_fragments(plan_terms),
+        format_ids(ids), member_fragments(grid, l), plan_fragments(plan_terms),
         entry_fragments(entries), table_fragments(table))
     counted = jnp.round(sums[:, k]).astype(jnp.int32)
     return gpu_kernels.ClassSums(roof, sums[:, :k], peak,
