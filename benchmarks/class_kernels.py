@@ -209,6 +209,22 @@ def main(argv=None) -> None:
         print(json.dumps(rec), flush=True)
         records.append(rec)
 
+    def checked_then_timed(form, fn, timed_fn, want, fn_args, extra):
+        """``fn`` checked against ``want`` (XLA's), then ``timed_fn`` timed; a form that
+        fails or differs is reported, not timed."""
+        try:
+            got = jax.jit(fn)(*fn_args)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                if not bool(_close(g, w)):  # (on the device: the counts are GBs)
+                    raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
+        except Exception as e:  # noqa: BLE001 (a variant that fails is reported)
+            rec = dict(benchmark="class_kernels", form=form, batch=b, **extra,
+                       error=f"{type(e).__name__}: {str(e)[:400]}")
+            print(json.dumps(rec), flush=True)
+            records.append(rec)
+            return
+        timed(form, timed_fn, *fn_args, **extra)
+
     timed("read_plans", lambda x: jnp.sum(x, axis=(1, 2), dtype=jnp.int32), ids)
     timed("xla_count_ids", lambda x: RC.count_ids(grid, x), ids)
     if G.available():
@@ -216,18 +232,7 @@ def main(argv=None) -> None:
         want_sums = jax.jit(_xla_sums)(grid, ids, *sum_args)
         if CK.status().used:  # the CUDA kernel (physics/cuda_kernels.py), checked first
             cuda = functools.partial(CK.class_sums, grid)
-            try:
-                got = jax.jit(cuda)(ids, *sum_args)
-                for g, w in zip(got, want_sums, strict=True):
-                    if not bool(_close(g, w)):
-                        raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
-            except Exception as e:  # noqa: BLE001 (reported, not timed)
-                rec = dict(benchmark="class_kernels", form="cuda_class_sums", batch=b,
-                           error=f"{type(e).__name__}: {str(e)[:400]}")
-                print(json.dumps(rec), flush=True)
-                records.append(rec)
-            else:
-                timed("cuda_class_sums", cuda, ids, *sum_args)
+            checked_then_timed("cuda_class_sums", cuda, cuda, want_sums, (ids, *sum_args), {})
         shapes = [] if args.no_pallas else [(G.PLANS_PER_PROGRAM, G.ROWS_PER_TILE,
                                              G.NUM_WARPS)]
         shapes += list(VARIANTS) if args.variants else []
@@ -247,18 +252,7 @@ def main(argv=None) -> None:
                     # (timed as the kernel writes them: no copy into the others' layout)
                     ("stacked_count_ids", stack, functools.partial(stack, raw=True),
                      want_counts, (ids,), stacked)):
-                try:
-                    got = jax.jit(fn)(*fn_args)
-                    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-                        if not bool(_close(g, w)):  # (on the device: the counts are GBs)
-                            raise AssertionError(f"differs from XLA's: {g.shape} {g.dtype}")
-                except Exception as e:  # noqa: BLE001 (a variant that fails is reported)
-                    rec = dict(benchmark="class_kernels", form=form, batch=b, **form_shape,
-                               error=f"{type(e).__name__}: {str(e)[:400]}")
-                    print(json.dumps(rec), flush=True)
-                    records.append(rec)
-                    continue
-                timed(form, timed_fn, *fn_args, **form_shape)
+                checked_then_timed(form, fn, timed_fn, want, fn_args, form_shape)
     if args.evaluate_parity and G.available():
         records.append(evaluate_parity(args.evaluate_parity))
         print(json.dumps(records[-1]), flush=True)

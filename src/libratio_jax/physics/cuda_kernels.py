@@ -148,14 +148,9 @@ def member_fragments(grid, num_layers: int):
     """``uint32[M, steps, 32, 4]``: the class membership of each tenant's rows (1 where row
     ``l`` is in class ``c`` of ``grid int32[M, C, S]``, padding slots ``>= num_layers`` in
     none) as the kernel's B fragments, four rows a word (little-endian)."""
-    grid = jnp.asarray(grid, jnp.int32)
-    m, c, _ = grid.shape
     n = steps(num_layers)
-    rows_padded = n * ROWS_PER_STEP
-    rows = jnp.where(grid < num_layers, grid, rows_padded)  # padding out of range: dropped
-    cls = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32)[None, :, None], grid.shape)
-    member = jnp.zeros((m, rows_padded, CLASSES), jnp.uint32)
-    member = member.at[jnp.arange(m)[:, None, None], rows, cls].set(1, mode="drop")
+    # [M, rows, C'] with C' = 16 classes (the Pallas kernel's operand, 0/1)
+    member = gpu_kernels.membership(grid, num_layers, n * ROWS_PER_STEP).astype(jnp.uint32)
     row, klass = _member_index(n)
     bits = member[:, row, klass] << (8 * jnp.arange(4, dtype=jnp.uint32))  # [M, n, 32, 4, 4]
     return jnp.sum(bits, axis=-1, dtype=jnp.uint32)
