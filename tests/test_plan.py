@@ -226,6 +226,21 @@ def test_unvalidated_scalars_lists_and_floats_are_not_wrapped(sc):
         # (``want``, every tenant valid, is evaluated by its pairs; ``got`` by its rows)
         np.testing.assert_allclose(got.tokens_per_second[1:], want.tokens_per_second[1:],
                                    rtol=1e-6)
+    # float64 values beyond INT_LIMIT (2**24, the domain's top): float32 would round 2**24 + 1
+    # to 2**24, in the domain; infinities too (one plan, and a batch of two)
+    for field in ("gpus", "tp", "micro_batch"):
+        for value in (np.inf, 2.0**40, 2.0**24 + 1, 2.0**24 + 2):
+            x = np.asarray(getattr(one, field), np.float64)
+            x[0] = value
+            bad = one.replace(**{field: x})
+            got = lj.evaluate(sc, bad, validate=False)
+            np.testing.assert_array_equal(got.plan_valid, [False, True, True, True],
+                                          err_msg=f"{field}={value}")
+            assert got.tokens_per_second[0] == 0.0 and got.memory_bytes[0] == 0.0
+            both = jax.tree.map(lambda a, b: np.stack([np.asarray(a, np.float64),
+                                                       np.asarray(b, np.float64)]), one, bad)
+            np.testing.assert_array_equal(lj.evaluate(sc, both, validate=False).plan_valid,
+                                          [[True] * 4, [False, True, True, True]])
     scalar = one.replace(gpus=np.int64(2**32 + 2))  # one scalar for every tenant
     assert not lj.evaluate(sc, scalar, validate=False).plan_valid.any()
     with pytest.raises(ValueError, match="plan.gpus must hold numbers"):
@@ -316,6 +331,47 @@ def test_integers_beyond_the_domain_are_refused_not_wrapped(value):
     if value < 2**31:  # (in int32, as a program holds it)
         assert bool(jax.jit(breaks_rules)(sc, jax.tree.map(lambda x: x.astype(np.int32), one)))
         assert not lj.evaluate(sc, one, validate=False).plan_valid[i]
+
+
+def test_unsigned_values_beyond_int64_are_refused_by_the_rule_they_break():
+    """A uint64 value of 2**63 or more (beyond int64, where a cast reads it as negative) is
+    refused naming the rule it breaks, for one plan and a batch: too many GPUs for the pool,
+    a micro-batch beyond INT_LIMIT, not ``must be >= 0`` or ``>= 1``."""
+    import jax
+
+    sc = lj.reference_scenario(block_groups=1)
+    one = jax.tree.map(lambda x: np.asarray(x[0]).astype(np.uint64), sample_plans(sc, 1, seed=0))
+    i = int(np.argmax(one.gpus > 0))
+    for field, match in (("gpus", "more GPUs than its pool has"),
+                         ("micro_batch", "micro_batch exceeds")):
+        x = getattr(one, field).copy()
+        x[i] = 2**64 - 1
+        bad = one.replace(**{field: x})
+        for p in (bad, jax.tree.map(lambda a: a[None], bad)):
+            with pytest.raises(ValueError, match=rf"plan.{field}\[{i}\].*{match}"):
+                lj.evaluate(sc, p)
+            assert not np.asarray(lj.evaluate(sc, p, validate=False).plan_valid).ravel()[i]
+
+
+def test_unvalidated_plans_in_jax_number_types_are_evaluated():
+    """``validate=False`` takes format ids in any of JAX's number types (bfloat16, float8,
+    uint4: ``ml_dtypes``), in JAX or NumPy arrays, one plan (from a scenario's second call on,
+    the host path) or a batch: the metrics of the same plan in integers."""
+    import jax
+    import jax.numpy as jnp
+
+    sc = lj.reference_scenario(block_groups=1)
+    one = jax.tree.map(lambda x: np.asarray(x[0]), sample_plans(sc, 1, seed=9, per_layer=False))
+    want = lj.evaluate(sc, one)
+    for dtype in (jnp.bfloat16, jnp.float8_e4m3fn, jnp.uint4):
+        for on_device in (True, False):
+            prec = one.precision.astype(dtype)  # ids 0..11: exact in each
+            p = one.replace(precision=jnp.asarray(prec) if on_device else prec)
+            for plan in (p, p, jax.tree.map(lambda x: x[None], p)):
+                got = lj.evaluate(sc, plan, validate=False)
+                np.testing.assert_allclose(np.asarray(got.tokens_per_second).ravel(),
+                                           want.tokens_per_second, rtol=1e-6, err_msg=dtype)
+                assert np.asarray(got.plan_valid).all()
 
 
 def _two_tenants_and_a_free_slot(block_groups):

@@ -1258,9 +1258,11 @@ def jax_ready_plan(plan: Plan) -> Plan:
     field for what is not numbers); integers of types wider than int32 (which JAX, without
     x64, would wrap: ``2**32 + 4`` read as 4) become int32, each value beyond ``INT_LIMIT``
     clipped to ``INT_LIMIT + 1`` with its sign, so a value out of its domain stays out of it
-    (the sanitizer flags the tenant); float64 values that are not whole numbers become NaN
-    (float32 would round ``2 + 1e-9`` to 2), clipped likewise; non-native byte order (e.g.
-    read from a big-endian file) is made native, which is all JAX takes."""
+    (the sanitizer flags the tenant); float64 values that are not whole numbers, or beyond
+    ``INT_LIMIT`` (infinities too), become NaN (float32 would round ``2 + 1e-9`` to 2, and
+    ``2**24 + 1`` to ``2**24``, in the domain); non-native byte order (e.g. read from a
+    big-endian file) is made native, which is all JAX takes. JAX's own number types held in
+    NumPy arrays (``ml_dtypes``: bfloat16, float8, int4) are taken as they are."""
     bound = INT_LIMIT + 1
     fixes, wide = {}, []
     for name in ("precision",) + INT_FIELDS:
@@ -1272,9 +1274,10 @@ def jax_ready_plan(plan: Plan) -> Plan:
         if x.dtype.kind in "iu" and x.dtype not in _NO_WRAP:
             wide.append((name, x))
         elif x.dtype.kind == "f" and x.dtype.itemsize > 4:
-            x = np.where(np.trunc(x) == x, x, np.nan)
-            fixes[name] = np.clip(x, -bound, bound).astype(np.float32)
-        elif x.dtype.kind not in "iubf":
+            whole = (np.trunc(x) == x) & (np.abs(x) <= INT_LIMIT)  # (False for inf and NaN)
+            fixes[name] = np.where(whole, x, np.nan).astype(np.float32)  # (exact: <= 2**24)
+        elif x.dtype.kind == "c" or not (x.dtype.kind == "b"
+                                         or jax.dtypes.issubdtype(x.dtype, np.number)):
             raise ValueError(f"plan.{name} must hold numbers, got dtype {x.dtype}")
         elif not x.dtype.isnative:
             fixes[name] = x.astype(x.dtype.newbyteorder("="))

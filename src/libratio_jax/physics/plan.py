@@ -210,6 +210,7 @@ def plan_at(precision: np.ndarray, fields: np.ndarray, k: int) -> Plan:
 
 # Integers a plan field may hold (int32 arrays; larger values are input errors, not overflow).
 INT_LIMIT = 2**24
+_INT64_MAX = np.iinfo(np.int64).max
 LISTED_GPUS = 1  # the GPUs of a present tenant whose choices name none (Plan.from_choices)
 _CHOICE_FIELDS = frozenset(("precision", *_INT_FIELDS))
 _IDLE_INTS = {"gpus": 0, "tp": 1, "pp": 1, "zero_stage": 0, "recompute": 0,
@@ -390,7 +391,10 @@ def validate_plan(scenario, plan: Plan, *, rules: bool = True, ids: bool = True)
         if not any(bad for row in per_tenant
                    for bad, _ in _broken_rules(*row, *tables.lists[4:], max, _clip, _at)):
             return
-    stacked = np.array(xs, np.int64).reshape(len(xs), -1, m)  # [fields, B, M]
+    # [fields, B, M] (uint64 values beyond int64 kept at its largest: a cast would make them
+    # negative, and the messages below name the wrong rule)
+    stacked = np.array([np.minimum(x, _INT64_MAX) if x.dtype == np.uint64 else x for x in xs],
+                       np.int64).reshape(len(xs), -1, m)
     tables = tables.arrays
     broken = _broken_rules(*stacked, *tables, np.maximum, np.clip, _at)
     if not np.stack([bad for bad, _ in broken]).any():  # one reduction for the common case
