@@ -17,6 +17,7 @@ from libratio_jax.physics.plan import INT_FIELDS
 from libratio_jax.scenarios import preset, preset_recipe
 from libratio_jax.testing.adversarial import SHAPES
 from libratio_jax.text import codec as T
+from libratio_jax.text.judge import RewardEngine
 
 SC = preset("small_fleet")
 RECIPE = preset_recipe("small_fleet").to_json()
@@ -190,8 +191,13 @@ def test_a_bad_row_never_changes_another_row():
     for bad_row in (None, 7, _RecursiveRepr(), "{not a recipe", '{"pools": 1}'):
         out = physics(None, [PLAN, PLAN], scenario=[bad_row, RECIPE])
         assert out == [hf.DEFAULT_FORMAT_PENALTY, ref]
-    out = physics(None, [PLAN, PLAN], scenario=[RECIPE, RECIPE], agent=[True, _Explodes()])
-    assert out == [ref, ref]  # agent ids that are not integers: joint rows
+    # an agent that is not -1 or a tenant's index (not an integer, or out of range): the
+    # format penalty for its row alone, with a reason; -1 plans every tenant
+    for bad_agent in (True, _Explodes(), 1.0, "1", None, 99, -2, 10**400):
+        out = physics(None, [PLAN, PLAN], scenario=[RECIPE, RECIPE], agent=[bad_agent, -1])
+        assert out == [hf.DEFAULT_FORMAT_PENALTY, ref], bad_agent
+    judged = RewardEngine().judge([PLAN, PLAN], [RECIPE, RECIPE], agent=[2.0, 5])
+    assert all("agent column must hold -1 or a tenant's index" in r for r in judged.reason)
 
 
 def test_setup_errors_name_the_column():

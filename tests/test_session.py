@@ -63,6 +63,29 @@ def test_sessions_are_isolated_and_deterministic():
         assert got[1].info["stage"] != "valid" and np.isfinite(got[1].reward)
 
 
+class _Reply(str):
+    """A ``str`` subclass whose methods raise: a session reads its exact text."""
+
+    def __len__(self):
+        raise RuntimeError("len called")
+
+    def __getitem__(self, key):
+        raise TypeError("indexed")
+
+
+@pytest.mark.parametrize("task", ["Fleet-v0", "Fleet-Oversight-v0", "Classic-FleetResource-v0"])
+def test_a_str_subclass_reply_is_read_as_its_text(task):
+    """A reply that is a ``str`` subclass (its methods raising) is judged as its exact text,
+    in its own session only: the pool does not raise, and both sessions of one seed get the
+    result of the plain text."""
+    pool = SessionPool(task, size=2, seed=0)
+    pool.reset(seeds=[3, 3])
+    reply = {"Fleet-v0": ONE, "Fleet-Oversight-v0": '{"action_type": "continue_monitoring"}',
+             "Classic-FleetResource-v0": '{"allocations": {"a": 2}}'}[task]
+    got = pool.step([reply, _Reply(reply)])
+    assert got[0] == got[1]
+
+
 def test_a_plan_that_breaks_a_rule_is_judged_and_floored(pool):
     pool.reset()
     sc = pool.scenario(0)

@@ -123,6 +123,28 @@ def test_tolerant_wrappers(small, wrap):
     assert _same(r.plan, _expected(small))
 
 
+def test_a_plan_in_a_fence_wins_over_one_outside(small):
+    """Fenced blocks are read first: the last plan in a fence is the answer, also when a plan
+    outside any fence follows it (documented in ``codec``); with no fence, the last plan."""
+    first = json.dumps({"tenants": [{"id": 0, "gpus": 1}, {"id": 1, "gpus": 1}]})
+    fenced = T.parse_plan(f"Draft:\n```json\n{PLAN}\n```\nFinal answer: {first}", small)
+    assert fenced.valid and _same(fenced.plan, _expected(small))
+    plain = T.parse_plan(f"Draft: {first}\nFinal answer: {PLAN}", small)
+    assert plain.valid and _same(plain.plan, _expected(small))
+
+
+def test_an_agent_plan_reads_only_its_entry_but_every_entry_must_be_readable(small):
+    """An agent's completion: another tenant's readable entry is not used; an unreadable one
+    makes the completion ``NOT_A_PLAN`` (documented in ``codec.parse_plan``)."""
+    own = {"id": 1, "gpus": 2}
+    alone = T.parse_plan(json.dumps({"tenants": [own]}), small, agent=1)
+    other = T.parse_plan(json.dumps({"tenants": [{"id": 0, "gpus": 4}, own]}), small, agent=1)
+    assert alone.valid and other.valid and _same(alone.plan, other.plan)
+    bad = T.parse_plan(json.dumps({"tenants": [{"id": 0, "gpus": "lots"}, own]}), small,
+                       agent=1)
+    assert bad.stage == T.NOT_A_PLAN and "gpus" in bad.reason
+
+
 def test_tolerant_names_and_values(small):
     text = """{"TENANTS": [
       {"Tenant": "t0", "Num-GPUs": "2", "Tensor Parallel": 2.0, "ZeRO": "ZeRO-3",

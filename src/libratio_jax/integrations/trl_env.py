@@ -65,6 +65,7 @@ from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import PHASES, FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.text.session import TextSession, text_task_class
+from libratio_jax.text.task import reply_text
 
 USER_PROMPT = "Play the episode below, turn after turn, with the tools."
 
@@ -117,7 +118,8 @@ class SessionEnvironment:
         if self._session.done:
             raise ValueError("The episode is over: no more actions are judged.")
         pool = self._session.pool
-        reading = pool.task.read(reply if isinstance(reply, str) else None, pool.state(0))
+        reply = reply_text(reply)
+        reading = pool.task.read(reply, pool.state(0))
         if reading.action is None:
             raise ValueError(f"That cannot be read ({reading.reason}). Expected {form}")
         result = self._session.step(reply)

@@ -23,7 +23,8 @@ JSON, trailing commas, Python literals (``True``/``None``), any case and ``-``/s
 separators in keys and names, common aliases (``num_gpus``, ``tensor_parallel``, ``fp8``,
 ``BF16``, ``attn``, ``ffn`` ...), numbers written as strings, a bare list of tenants or a
 ``{"tenants": {"0": {...}}}`` mapping. It takes the *last* plan-shaped JSON value in the
-text (an answer follows its reasoning). Unknown fields, unknown formats, tenants not in the
+text (an answer follows its reasoning), looking in the code fences first: the last plan in a
+fenced block wins over one outside any fence. Unknown fields, unknown formats, tenants not in the
 scenario, duplicates and plans that break the scenario's rules (``tp`` must divide the heads,
 ``tp * pp`` the GPUs, a pool's size, ... see :func:`~libratio_jax.validate_plan`) make the
 plan invalid, with a reason. It never raises, whatever the input.
@@ -642,8 +643,9 @@ _EXPECTED_PLAN = '{"tenants": [...]}'
 
 def extract_json(text: Any, shaped: Callable[[Any], bool] | None = None,
                  expected: str = _EXPECTED_PLAN) -> tuple[Any, int, str]:
-    """``(value, stage, reason)``: the last plan-shaped JSON value of a completion's text
-    (``stage`` ``VALID`` when found, else ``NO_JSON`` or ``NOT_A_PLAN`` with a reason).
+    """``(value, stage, reason)``: the last plan-shaped JSON value of a completion's text, the
+    last one in a code fence if a fence holds one (``stage`` ``VALID`` when found, else
+    ``NO_JSON`` or ``NOT_A_PLAN`` with a reason).
     Linear in the text and bounded (``MAX_TEXT_CHARS``, ``MAX_DECODE_ATTEMPTS``).
     ``shaped``/``expected``: another task's notion of an answer (a predicate on the decoded
     value) and its form, for the reason."""
@@ -654,6 +656,8 @@ def _extract(text: Any, shaped, expected: str, decode) -> tuple[Any, int, str]:
     """:func:`extract_json` with the strict decoder of candidates (``decode``)."""
     if not isinstance(text, str):
         return None, NO_JSON, "completion is not text"
+    if type(text) is not str:  # a subclass: its exact text, none of its methods
+        text = str.__str__(text)
     cut = len(text) > MAX_TEXT_CHARS
     text = _strip_thinking(text[-MAX_TEXT_CHARS:])
     if not text.strip():
@@ -943,7 +947,8 @@ def parse_plan(text: Any, scenario, *, agent: int | None = None,
 
     ``agent`` / ``base_plan``: the completion plans tenant ``agent`` only; its entry (the one
     with that id, or the only entry) replaces that tenant's fields in ``base_plan`` (the other
-    tenants' fixed plans); entries for other tenants are ignored.
+    tenants' fixed plans); entries for other tenants are not used, but must be readable (an
+    entry that cannot be read makes the completion ``NOT_A_PLAN``).
     """
     return parse_plans([text], [scenario], agents=[agent], base_plans=[base_plan])[0]
 

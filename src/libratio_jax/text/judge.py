@@ -272,8 +272,16 @@ class RewardEngine:
                     stage[b], reasons[b] = T.NO_JSON, "completion is not text"
                     continue
                 a = agent[b] if agent is not None else -1
-                a = int(a) if (isinstance(a, (int, np.integer)) and not isinstance(a, bool)
-                               and 0 <= a < len(tables.present)) else -1
+                slots = len(tables.present)
+                if not (isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
+                        and -1 <= a < slots):  # (-1: the completion plans every tenant)
+                    got = (int(a) if isinstance(a, (int, np.integer)) and abs(a) < 10**9
+                           else type(a).__name__)
+                    stage[b], reasons[b] = T.NO_JSON, (
+                        f"the agent column must hold -1 or a tenant's index below {slots}, "
+                        f"got {T.shorten(str(got))}")
+                    continue
+                a = int(a)
                 agents[b] = a
                 base = self._context(key, tables, context_plan[b]) if (
                     a >= 0 and context_plan is not None) else None

@@ -56,7 +56,7 @@ from libratio_jax.text.fleet_task import (
 )
 from libratio_jax.text.recovery_task import FleetRecoveryTextTask
 from libratio_jax.text.rl_cluster_task import RLClusterTextTask
-from libratio_jax.text.task import VALID, Reading, TextTask
+from libratio_jax.text.task import VALID, Reading, TextTask, reply_text
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
            "text_task_class"]
@@ -227,8 +227,7 @@ class SessionPool:
                                         {"stage": "none", "reason": "episode over",
                                          "rules": [], "round": int(self._rounds[i])})
                 continue
-            readings[i] = self.task.read(reply if isinstance(reply, str) else None,
-                                         self._host[i])
+            readings[i] = self.task.read(reply_text(reply), self._host[i])
         if not readings:
             return results
         acting = {i: r.action if r.action is not None else self.task.fallback(self._host[i])
