@@ -76,9 +76,9 @@ def is_json_object(obj: Any) -> bool:
 def reply_text(reply: Any) -> str | None:
     """A reply's exact text (a ``str`` subclass read as its characters, none of its methods
     called), or None when it is not text."""
-    if type(reply) is str or not isinstance(reply, str):
-        return reply if type(reply) is str else None
-    return str.__str__(reply)
+    if type(reply) is str:
+        return reply
+    return str.__str__(reply) if isinstance(reply, str) else None
 
 
 def read_json_action(reply, shaped, expected: str, convert) -> Reading:
