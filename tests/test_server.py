@@ -386,3 +386,52 @@ def test_idle_sessions_are_reaped_without_requests():
             time.sleep(0.25)
         assert get(url + "/health").json()["fleet_sessions"] == 0
         assert post(url + "/fleet/state", headers=h).status_code == 404
+
+
+def test_bodies_without_a_length_are_read_only_up_to_the_limit(server):
+    """A chunked body (no Content-Length) over the limit is not read whole: 413 on the
+    ``/fleet`` routes, a short 4xx on OpenEnv's (one answered a 422 repeating a 40 MB body);
+    the server goes on."""
+    def body():
+        yield b'{"action": {"reply": "'
+        for _ in range(48):
+            yield b"x" * (64 << 10)  # 3 MB in all
+        yield b'"}, "seed": "x"}'  # (valid JSON, not a valid request)
+
+    r = post(server + "/fleet/step", content=body(), headers={"X-Session-Id": "chunked"})
+    assert r.status_code == 413 and "bytes" in r.json()["detail"]
+    for path in ("/step", "/reset"):
+        r = post(server + path, content=body(), headers={"Content-Type": "application/json"})
+        assert 400 <= r.status_code < 500 and len(r.content) < 1000, (path, r.status_code)
+    assert get(server + "/health").status_code == 200
+
+
+def test_a_sessions_history_keeps_its_replies_alone(server):
+    """``/fleet/state``'s history holds each step's reply, not the rest of its body (a
+    session's memory stays bounded by the reply's limit)."""
+    h = {"X-Session-Id": "history"}
+    post(server + "/fleet/reset", json={"task_id": "fleet_oversight", "seed": 0}, headers=h)
+    reply = '{"action_type": "continue_monitoring"}'
+    r = post(server + "/fleet/step", json={"reply": reply, "junk": [{}] * 20_000}, headers=h)
+    assert r.status_code == 200
+    history = post(server + "/fleet/state", headers=h).json()["history"]
+    assert history == [{"action": {"reply": reply}, "reward": r.json()["reward"]["score"]}]
+
+
+def test_a_refused_reset_keeps_the_running_episode():
+    """A reset to a task whose slots are all taken is refused (503) without ending the
+    session's running episode, which its next step continues."""
+    from websockets.sync.client import connect
+
+    with _server("--max-sessions", "1") as url:
+        h = {"X-Session-Id": "s"}
+        assert post(url + "/fleet/reset", json={"task_id": "fleet_precision", "seed": 0},
+                    headers=h).status_code == 200
+        with connect(url.replace("http", "ws", 1) + "/ws") as ws:  # the task's only slot
+            ws.send('{"type": "reset", "data": {"task": "fleet_resource", "seed": 0}}')
+            assert '"observation"' in ws.recv(timeout=TIMEOUT)
+            r = post(url + "/fleet/reset", json={"task_id": "fleet_resource"}, headers=h)
+            assert r.status_code == 503 and "slots" in r.json()["detail"]
+            r = post(url + "/fleet/step", json={"precision_strategy": {"ffn": "BF16"}},
+                     headers=h)
+            assert r.status_code == 200 and r.json()["reward"]["feedback"].startswith("Turn 1")

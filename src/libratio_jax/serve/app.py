@@ -16,7 +16,9 @@ A ``/fleet`` request names its session with the ``X-Session-Id`` header or the c
 with neither uses the default session (as the original's one global environment, for its
 one-off ``httpx.post`` clients). Sessions idle longer than ``idle_seconds`` are evicted.
 Every refusal is a 4xx with a JSON ``{"detail": message}`` naming the problem; bodies over
-``max_body_bytes`` are refused with 413 before they are read.
+``max_body_bytes`` are refused with 413 before they are read (by their ``Content-Length``;
+one sent without it is read only up to the limit: 413, or the route's own 4xx). A session's
+``/fleet`` history keeps each step's reply, not the rest of its body.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fastapi import FastAPI, Request, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from starlette.websockets import WebSocketDisconnected
 
 from libratio_jax.serve.batcher import ORIGINAL_TASKS, Hub, ServeError
 from libratio_jax.serve.environment import LibratioEnvironment, check_seed
@@ -153,8 +156,54 @@ class _QuietDisconnect:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "websocket":
             return await self.app(scope, receive, send)
-        with contextlib.suppress(WebSocketDisconnect):
+        with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected):
             await self.app(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _LimitBody:
+    """ASGI middleware: a request body over ``limit`` bytes is refused with 413, by its
+    ``Content-Length`` before it is read, and, without one (chunked), once the bytes read
+    pass the limit: OpenEnv's own routes read whole bodies."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(scope, receive, send)
+        read, started = 0, False
+
+        async def counted():
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except _BodyTooLarge:
+            if not started:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send):
+        response = JSONResponse({"detail": f"the body is over {self.limit} bytes"},
+                                status_code=413)
+        await response(scope, receive, send)
 
 
 def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
@@ -183,13 +232,7 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
     async def refused(request: Request, exc: ServeError):
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
-            return JSONResponse({"detail": f"the body is over {max_body_bytes} bytes"},
-                                status_code=413)
-        return await call_next(request)
+    app.add_middleware(_LimitBody, limit=max_body_bytes)
 
     @app.get("/health")
     async def health():
@@ -256,7 +299,10 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
         sid = _session_id(request) or DEFAULT_SESSION
         with sessions.using(sid, create=False) as env:
             obs = await env.step_async(LibratioAction(reply=reply))
-            sessions.history(sid).append({"action": action, "reward": obs.reward})
+            # (the reply alone: other keys of the body are not kept, so a session's history
+            # holds at most MAX_REPLY_CHARS a step)
+            sessions.history(sid).append({"action": {"reply": reply} if "reply" in action
+                                          else action, "reward": obs.reward})
         return {"observation": None if obs.done else _observation(obs, env),
                 "reward": {"score": obs.reward, "feedback": obs.text}, "done": obs.done,
                 "info": {"stage": obs.stage, "reason": obs.reason, "rules": obs.rules}}

@@ -57,9 +57,10 @@ class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, Libra
         async with self._lock:
             batcher = self._hub.batcher(env_name)
             if batcher is not self._batcher:
+                # the new task's slot first: refused (503), the session keeps its episode
+                slot = batcher.acquire()
                 self._release()
-                self._slot = batcher.acquire()
-                self._batcher = batcher
+                self._slot, self._batcher = slot, batcher
             seed = self._hub.next_seed() if seed is None else seed
             try:
                 text = await batcher.reset(self._slot, seed)
@@ -81,6 +82,8 @@ class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, Libra
         if not isinstance(action, LibratioAction):
             raise ServeError("step: the action must be {\"reply\": \"...\"}")
         async with self._lock:  # one step of a session at a time, in order
+            if self._batcher is None:  # (a reset that failed while this step waited)
+                raise ServeError("step before reset: start an episode with reset first", 409)
             if self._state.done:
                 raise ServeError("Episode finished. Call reset.", 409)
             r = await self._batcher.step(self._slot, action.reply)
