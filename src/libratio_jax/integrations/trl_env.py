@@ -64,8 +64,8 @@ from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import PHASES, FleetRecoveryEnv
 from libratio_jax.env.registry import make
+from libratio_jax.text.codec import exact_text
 from libratio_jax.text.session import TextSession, text_task_class
-from libratio_jax.text.task import reply_text
 
 USER_PROMPT = "Play the episode below, turn after turn, with the tools."
 
@@ -118,7 +118,7 @@ class SessionEnvironment:
         if self._session.done:
             raise ValueError("The episode is over: no more actions are judged.")
         pool = self._session.pool
-        reply = reply_text(reply)
+        reply = exact_text(reply)
         reading = pool.task.read(reply, pool.state(0))
         if reading.action is None:
             raise ValueError(f"That cannot be read ({reading.reason}). Expected {form}")

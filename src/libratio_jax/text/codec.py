@@ -652,12 +652,19 @@ def extract_json(text: Any, shaped: Callable[[Any], bool] | None = None,
     return _extract(text, shaped, expected, _decode_json)
 
 
+def exact_text(value: Any) -> str | None:
+    """``value``'s exact text (a ``str`` subclass read as its characters, none of its
+    methods called), or None when it is not text."""
+    if type(value) is str:
+        return value
+    return str.__str__(value) if isinstance(value, str) else None
+
+
 def _extract(text: Any, shaped, expected: str, decode) -> tuple[Any, int, str]:
     """:func:`extract_json` with the strict decoder of candidates (``decode``)."""
-    if not isinstance(text, str):
+    text = exact_text(text)
+    if text is None:
         return None, NO_JSON, "completion is not text"
-    if type(text) is not str:  # a subclass: its exact text, none of its methods
-        text = str.__str__(text)
     cut = len(text) > MAX_TEXT_CHARS
     text = _strip_thinking(text[-MAX_TEXT_CHARS:])
     if not text.strip():

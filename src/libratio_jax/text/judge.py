@@ -262,8 +262,8 @@ class RewardEngine:
         for b in range(n):
             try:
                 key = _DEFAULT if scenario is None else scenario[b]
-                if type(key) is not str and isinstance(key, str):
-                    key = str.__str__(key)  # a subclass: its text, none of its methods
+                if isinstance(key, str):
+                    key = T.exact_text(key)  # (a subclass: its text, none of its methods)
                 host, tables = self.default if scenario is None else self._scenario(key)
                 if host is None:
                     stage[b], reasons[b] = T.NO_JSON, T.shorten(tables)
@@ -333,13 +333,10 @@ def _text_of(completion: Any) -> str | None:
     """The completion's text (``codec.completion_text``), or None when it is not text; never
     calls ``repr`` or anything else an arbitrary object could make expensive."""
     try:
-        if type(completion) is str:
-            return completion
-        if isinstance(completion, str):  # a subclass: its exact text, none of its methods
-            return str.__str__(completion)
+        if isinstance(completion, str):  # (a subclass: its exact text, none of its methods)
+            return T.exact_text(completion)
         if isinstance(completion, (list, tuple, dict)):
-            text = T.completion_text(completion)
-            return text if type(text) is str else str.__str__(text)
+            return T.exact_text(T.completion_text(completion))
     except Exception:  # noqa: BLE001 - a hostile object is a format failure, for it alone
         return None
     return None

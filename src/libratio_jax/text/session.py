@@ -49,6 +49,7 @@ from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.env.rlcluster import RLClusterEnv
 from libratio_jax.text import classic_tasks as CT
+from libratio_jax.text.codec import exact_text
 from libratio_jax.text.fleet_task import (
     SESSION_SYSTEM_PROMPT,
     FleetOversightTextTask,
@@ -56,7 +57,7 @@ from libratio_jax.text.fleet_task import (
 )
 from libratio_jax.text.recovery_task import FleetRecoveryTextTask
 from libratio_jax.text.rl_cluster_task import RLClusterTextTask
-from libratio_jax.text.task import VALID, Reading, TextTask, reply_text
+from libratio_jax.text.task import VALID, Reading, TextTask
 
 __all__ = ["SESSION_SYSTEM_PROMPT", "SessionPool", "StepResult", "TextSession", "text_task",
            "text_task_class"]
@@ -227,7 +228,7 @@ class SessionPool:
                                         {"stage": "none", "reason": "episode over",
                                          "rules": [], "round": int(self._rounds[i])})
                 continue
-            readings[i] = self.task.read(reply_text(reply), self._host[i])
+            readings[i] = self.task.read(exact_text(reply), self._host[i])
         if not readings:
             return results
         acting = {i: r.action if r.action is not None else self.task.fallback(self._host[i])

@@ -73,14 +73,6 @@ def is_json_object(obj: Any) -> bool:
     return isinstance(obj, Mapping)
 
 
-def reply_text(reply: Any) -> str | None:
-    """A reply's exact text (a ``str`` subclass read as its characters, none of its methods
-    called), or None when it is not text."""
-    if type(reply) is str:
-        return reply
-    return str.__str__(reply) if isinstance(reply, str) else None
-
-
 def read_json_action(reply, shaped, expected: str, convert) -> Reading:
     """A :class:`Reading` of the last JSON answer in ``reply`` (``codec.extract_json``, which
     never raises, with ``shaped`` telling an answer; ``expected`` its form, for the reason)
