@@ -56,6 +56,44 @@ constexpr int kTile = 64;            // plans counted side by side, one byte lan
 constexpr int kU8Slots = 255;        // slots counted in 8-bit lanes before widening
 
 // ---------------------------------------------------------------------------------------
+// Instruction sets the vector paths use, in order. Each kernel takes the best path the CPU
+// has at or below the cap that limit_isa() sets (default: no cap), so that one machine can
+// check every path it can run (tests/test_native.py) and a user can compare them; every path
+// computes the same results (the sums up to float rounding).
+enum IsaLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kVbmi = 3 };
+const char* const kIsaNames[] = {"scalar", "avx2", "avx512", "avx512_vbmi"};
+
+int DetectedIsa() {
+#if LJ_X86
+  static const int level = [] {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return int(kScalar);
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl"))
+      return int(kAvx2);
+    return __builtin_cpu_supports("avx512vbmi") ? int(kVbmi) : int(kAvx512);
+  }();
+  return level;
+#else
+  return kScalar;
+#endif
+}
+
+std::atomic<int> g_isa_cap{kVbmi};
+
+int Isa() { return std::min(DetectedIsa(), g_isa_cap.load(std::memory_order_relaxed)); }
+bool HasVbmi() { return Isa() >= kVbmi; }
+bool HasAvx512() { return Isa() >= kAvx512; }
+bool HasAvx2() { return Isa() >= kAvx2; }
+
+#define LJ_AVX2 __attribute__((target("avx2,fma")))
+
+#if LJ_X86
+LJ_AVX2 inline __m256i LaneMask8(int n) {  // lanes [0, n) all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+// ---------------------------------------------------------------------------------------
 // Work split over XLA's intra-op thread pool. Tasks claim chunks from a shared counter; the
 // calling thread claims too and then waits only for chunks already claimed by others (a
 // task that starts late finds nothing left), so a busy or one-thread pool cannot deadlock
@@ -330,12 +368,96 @@ LJ_AVX512 void CountTile(const uint8_t* tile, const Grid& g, int64_t k, int64_t 
   }
 }
 
-bool HasVbmi() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+#endif
+
+#if LJ_X86
+// AVX2: 32 plans side by side in byte lanes (kTile2), the rows transposed 16 at a time: plan j's
+// 16 bytes and plan j + 16's in the two halves of register j, then a 16x16 byte transpose in
+// each half (four rounds of byte interleaves of registers i and i + 8, a perfect shuffle each:
+// after four, register i holds row i of plans 0..15 and 16..31), then counted as CountTile
+// counts (an id <= 11 compared as min(v, 11) == v: AVX2 has no unsigned byte compare).
+constexpr int kTile2 = 32;
+
+LJ_AVX2 void TransposeRows32(const uint8_t* src, size_t stride, uint8_t* dst) {
+  __m256i x[16];
+  for (int j = 0; j < 16; ++j)
+    x[j] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(src + (j + 16) * stride),
+                               reinterpret_cast<const __m128i*>(src + j * stride));
+  for (int round = 0; round < 4; ++round) {
+    __m256i y[16];
+    for (int i = 0; i < 8; ++i) {
+      y[2 * i] = _mm256_unpacklo_epi8(x[i], x[i + 8]);
+      y[2 * i + 1] = _mm256_unpackhi_epi8(x[i], x[i + 8]);
+    }
+    for (int i = 0; i < 16; ++i) x[i] = y[i];
+  }
+  for (int i = 0; i < 16; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32 * i), x[i]);
 }
-#else
-bool HasVbmi() { return false; }
+
+LJ_AVX2 inline void StoreCounts32(__m256i acc, int plans, bool add, float* out) {
+  alignas(32) uint8_t bytes[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), acc);
+  for (int q = 0; q * 8 < plans; ++q) {
+    const int n = std::min(8, plans - 8 * q);
+    const __m256i mask = LaneMask8(n);
+    __m256 x = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * q))));
+    if (add) x = _mm256_add_ps(x, _mm256_maskload_ps(out + 8 * q, mask));
+    _mm256_maskstore_ps(out + 8 * q, mask, x);
+  }
+}
+
+LJ_AVX2 inline void StoreCounts32(__m256i acc, int plans, bool, uint8_t* out) {
+  if (plans == 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), acc);
+    return;
+  }
+  alignas(32) uint8_t bytes[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), acc);
+  std::memcpy(out, bytes, size_t(plans));
+}
+
+// One tile of up to 32 plans (`tile`: [32, M, L] bytes and 16 more, plans past `plans` all
+// kNoFormat); rows: [L + 16][32] scratch, 32-byte aligned.
+template <typename T>
+LJ_AVX2 void CountTile32(const uint8_t* tile, const Grid& g, int64_t k, int64_t p0, int plans,
+                         T* counts, bool* complete, uint8_t* rows) {
+  const int M = g.M, C = g.C, S = g.S, L = g.L;
+  const __m256i eleven = _mm256_set1_epi8(char(kFormats - 1));
+  const __m256i one = _mm256_set1_epi8(1);
+  alignas(32) uint8_t fmt[kFormats][32];
+  for (int f = 0; f < kFormats; ++f) std::memset(fmt[f], f, 32);
+  for (int m = 0; m < M; ++m) {
+    for (int r0 = 0; r0 < g.span[m]; r0 += 16)
+      TransposeRows32(tile + size_t(m) * L + r0, size_t(M) * L, rows + size_t(r0) * 32);
+    std::memset(rows + size_t(L) * 32, kNoFormat, 32);  // padding (the transposes may pass L)
+    __m256i ok = _mm256_set1_epi8(-1);
+    for (int c = 0; c < C; ++c) {
+      const int32_t* slots = g.rows.data() + (size_t(m) * C + c) * S;
+      for (int s0 = 0; s0 < S || s0 == 0; s0 += kU8Slots) {
+        __m256i acc[kFormats];
+        for (int f = 0; f < kFormats; ++f) acc[f] = _mm256_setzero_si256();
+        for (int s = s0; s < std::min(S, s0 + kU8Slots); ++s) {
+          if (slots[s] >= L) continue;
+          const __m256i v =
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + size_t(slots[s]) * 32));
+          ok = _mm256_and_si256(ok, _mm256_cmpeq_epi8(_mm256_min_epu8(v, eleven), v));
+          for (int f = 0; f < kFormats; ++f)
+            acc[f] = _mm256_sub_epi8(
+                acc[f], _mm256_cmpeq_epi8(
+                            v, _mm256_load_si256(reinterpret_cast<const __m256i*>(fmt[f]))));
+        }
+        for (int f = 0; f < kFormats; ++f)
+          StoreCounts32(acc[f], plans, s0 > 0,
+                        counts + ((size_t(m) * C + c) * kFormats + f) * k + p0);
+        if (S == 0) break;
+      }
+    }
+    alignas(32) uint8_t held[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(held), _mm256_and_si256(ok, one));
+    std::memcpy(complete + size_t(m) * k + p0, held, size_t(plans));
+  }
+}
 #endif
 
 // Plans 0 .. b - 1 of `p` counted into the slots 0 .. b - 1 of rows k apart, the slots b .. k - 1
@@ -366,6 +488,25 @@ void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b,
       if (copy.size() < bytes) copy.resize(bytes);
       std::memcpy(copy.data(), p + size_t(p0) * g.M * g.L, bytes);
       CountTile(copy.data(), g, k, p0, plans, n, done, rows, base);
+    });
+    return;
+  }
+  if (HasAvx2()) {
+    const int64_t tiles = (b + kTile2 - 1) / kTile2;
+    ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&, b, k](int64_t t) {
+      const int64_t p0 = t * kTile2;
+      const int plans = int(std::min<int64_t>(kTile2, b - p0));
+      // per thread: the tile's plans copied (as above; plans past the batch: no format, and
+      // 16 bytes more for the transposes' last loads) and a tenant's transposed rows
+      const size_t plan_bytes = size_t(g.M) * g.L, bytes = size_t(plans) * plan_bytes;
+      thread_local std::vector<uint8_t> copy, scratch;
+      if (copy.size() < kTile2 * plan_bytes + 16) copy.resize(kTile2 * plan_bytes + 16);
+      std::memcpy(copy.data(), p + size_t(p0) * plan_bytes, bytes);
+      std::memset(copy.data() + bytes, kNoFormat, copy.size() - bytes);
+      if (scratch.size() < size_t(g.L + 16) * 32 + 32) scratch.resize(size_t(g.L + 16) * 32 + 32);
+      uint8_t* rows = reinterpret_cast<uint8_t*>(
+          (reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
+      CountTile32(copy.data(), g, k, p0, plans, n, done, rows);
     });
     return;
   }
@@ -538,12 +679,6 @@ static_assert(sizeof(kColumnsFns) / sizeof(kColumnsFns[0]) == kLookupEntries / 3
 // fewer would not repay comparing the table with the kept copy.
 constexpr int64_t kColumnsPlans = 64;
 
-bool HasAvx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-}
-#else
-bool HasAvx512() { return false; }
 #endif
 
 void StabilityRowsScalar(const uint8_t* row, const float* table, int64_t plane, int F, int L,
@@ -779,6 +914,66 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
     }
   }
 }
+
+// AVX2: the same as SumsAvx512, 8 plans to a vector, one vector at a time (kSumRows
+// accumulators and the count, in 16 registers), the task's plans in runs of 8.
+
+
+// n (<= 8) counts from x as floats, zeros past them; nothing past x + n read.
+LJ_AVX2 inline __m256 LoadCounts8(const uint8_t* x, int n, __m256i) {
+  uint64_t bytes = 0;
+  if (n == 8) std::memcpy(&bytes, x, 8);
+  else std::memcpy(&bytes, x, size_t(n));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(bytes))));
+}
+
+LJ_AVX2 inline __m256 LoadCounts8(const float* x, int n, __m256i mask) {
+  return n == 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask);
+}
+
+template <typename T>
+LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, int64_t m,
+                      int64_t p0, int plans) {
+  const int64_t K = a.K, G = a.G, b = a.b, n = int64_t(h.held.size());
+  const __m256 zero = _mm256_setzero_ps();
+  for (int v0 = 0; v0 < plans; v0 += 8) {
+    const int live = std::min(8, plans - v0);
+    const __m256i mask = LaneMask8(live);
+    const int64_t q0 = p0 + v0;
+    const T* c = counts + m * a.E * b + q0;
+    __m256 top = zero;
+    const float* packed = h.packed.data();
+    for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += n * kSumRows) {
+      const bool first = k0 == 0;
+      __m256 acc[kSumRows];
+      for (int j = 0; j < kSumRows; ++j) acc[j] = zero;
+      int64_t i = 0;
+      for (int64_t g = 0; g <= G; ++g) {  // group g's entries; g == G: those in no group
+        const int64_t end = g < G ? h.group_end[g] : n;
+        __m256 s = zero;
+        for (; i < end; ++i) {
+          const __m256 x = LoadCounts8(c + int64_t(h.held[i]) * b, live, mask);
+          if (first) {
+            // top where the count is 0, else max(peak, top): a peak of -0.0 leaves +0.0
+            const __m256 held = _mm256_cmp_ps(x, zero, _CMP_GT_OQ);
+            top = _mm256_blendv_ps(top, _mm256_max_ps(_mm256_set1_ps(h.peaks[i]), top), held);
+            s = _mm256_fmadd_ps(_mm256_set1_ps(h.weights[i]), x, s);
+          }
+          const float* t = packed + i * kSumRows;
+          for (int j = 0; j < kSumRows; ++j)
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(t + j), x, acc[j]);
+        }
+        if (first && g < G) _mm256_maskstore_ps(a.grouped + (m * G + g) * b + q0, mask, s);
+      }
+      if (first) _mm256_maskstore_ps(a.peak + m * b + q0, mask, top);
+      const int64_t left = K - k0;
+      for (int j = 0; j < kSumRows; ++j) {
+        if (j >= left) break;
+        _mm256_maskstore_ps(a.out + (m * K + k0 + j) * b + q0, mask, acc[j]);
+      }
+    }
+  }
+}
 #endif
 
 // Each tenant's held entries for the vector path, kept per thread (SameInputs) with its
@@ -809,15 +1004,19 @@ const std::vector<HeldEntries>& HeldFor(const SumsArgs& a) {
 template <typename T>
 void SumsAll(ffi::ThreadPool& pool, const T* counts, const SumsArgs& a) {
   const int64_t tiles = (a.b + kSumPlans - 1) / kSumPlans;
-  const bool vec = HasAvx512();
+  const int isa = Isa();
   static const std::vector<HeldEntries> kNone;
-  const std::vector<HeldEntries>& held = vec ? HeldFor(a) : kNone;
+  const std::vector<HeldEntries>& held = isa >= kAvx2 ? HeldFor(a) : kNone;
   ParallelChunks(a.M * tiles > 1 ? &pool : nullptr, a.M * tiles, [&](int64_t task) {
     const int64_t m = task / tiles, p0 = (task % tiles) * kSumPlans;
     const int plans = int(std::min<int64_t>(kSumPlans, a.b - p0));
 #if LJ_X86
-    if (vec) {
+    if (isa >= kAvx512) {
       SumsAvx512(counts, a, held[m], m, p0, plans);
+      return;
+    }
+    if (isa >= kAvx2) {
+      SumsAvx2(counts, a, held[m], m, p0, plans);
       return;
     }
 #endif
@@ -1114,6 +1313,86 @@ void PickTile(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
 }
 #endif
 
+#if LJ_X86
+// AVX2: PickTile with 8 plans to a vector. A field's column over the formats is two vectors
+// (formats 0..7 and 8..15); an id is stored as g = f | f << 28 (f: the id, or 15 for an id not
+// in [0, F) or no row: column slot 15 is 0, so such a class adds nothing and picks 0), whose
+// low 3 bits pick within each vector and whose sign bit (f's bit 3) picks the vector.
+LJ_AVX2 inline __m256 Lookup16(const float* column, __m256i g) {
+  const __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(column), g);
+  const __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(column + 8), g);
+  return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(g));
+}
+
+LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
+  constexpr int kVectors = kPickPlans / 8;
+  constexpr int32_t kNone = 15;  // column slot 15: 0 in every column (kFormats <= 15)
+  static_assert(kFormats < kNone, "slot 15 of a column holds no format");
+  const int64_t M = a.M, L = a.L, C = a.C, J = a.J, K = a.K, G = a.G, Q = K + G, k = a.k;
+  const int64_t n = p1 - p0, vectors = (n + 7) / 8;
+  const int64_t live_plans = std::clamp<int64_t>(a.b - p0, 0, n);  // the others: past B - 1
+  thread_local std::vector<int32_t> ids_store;  // [C, kPickPlans]
+  ids_store.resize(size_t(C * kPickPlans));
+  int32_t* ids = ids_store.data();
+  __m256i store[kVectors];
+  for (int v = 0; v < kVectors; ++v) store[v] = LaneMask8(int(std::clamp<int64_t>(n - 8 * v, 0, 8)));
+  alignas(32) int32_t complete[kPickPlans];
+  for (int64_t m = 0; m < M; ++m) {
+    const int32_t* rows = t.row.data() + m * C;
+    for (int64_t i = 0; i < vectors * 8; ++i) {
+      const uint8_t* id = i < live_plans ? a.prec + ((p0 + i) * M + m) * L : nullptr;
+      bool ok = id != nullptr;
+      for (int64_t c = 0; c < C; ++c) {
+        int32_t f = kNone;
+        if (id && rows[c] >= 0) {
+          if (id[rows[c]] < kFormats) f = id[rows[c]];
+          else ok = false;
+        }
+        ids[c * kPickPlans + i] = f | f << 28;
+      }
+      complete[i] = ok;
+    }
+    const int32_t* range = t.sum_start.data() + m * (Q + 1);
+    for (int64_t q = 0; q < Q; ++q) {  // the terms, then the groups
+      __m256 acc[kVectors];
+      for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_setzero_ps();
+      for (int32_t s = range[q]; s < range[q + 1]; ++s) {
+        const int32_t* g = ids + t.sum_class[s] * kPickPlans;
+        const float* column = t.column + kLanes * int64_t(t.sum_slot[s]);
+        for (int64_t v = 0; v < vectors; ++v)
+          acc[v] = _mm256_add_ps(acc[v], Lookup16(column, _mm256_loadu_si256(
+                                                            reinterpret_cast<const __m256i*>(g + 8 * v))));
+      }
+      float* out = q < K ? a.sums + (m * K + q) * k : a.grouped + (m * G + q - K) * k;
+      for (int64_t v = 0; v < vectors; ++v) _mm256_maskstore_ps(out + p0 + 8 * v, store[v], acc[v]);
+    }
+    __m256 top[kVectors];
+    for (int v = 0; v < kVectors; ++v) top[v] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t* g = ids + c * kPickPlans;
+      for (int64_t j = 0; j < J; ++j) {
+        const int32_t slot = t.pick_slot[(m * J + j) * C + c];
+        float* out = a.picked + ((m * J + j) * C + c) * k + p0;
+        for (int64_t v = 0; v < vectors; ++v)
+          _mm256_maskstore_ps(out + 8 * v, store[v],
+                              slot < 0 ? _mm256_setzero_ps()
+                                       : Lookup16(t.column + kLanes * int64_t(slot),
+                                                _mm256_loadu_si256(
+                                                    reinterpret_cast<const __m256i*>(g + 8 * v))));
+      }
+      const int32_t slot = t.peak_slot[m * C + c];
+      if (slot < 0) continue;
+      for (int64_t v = 0; v < vectors; ++v)  // max(x, top): top when both are zero (as above)
+        top[v] = _mm256_max_ps(Lookup16(t.column + kLanes * int64_t(slot),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
+                               top[v]);
+    }
+    for (int64_t v = 0; v < vectors; ++v) _mm256_maskstore_ps(a.peak + m * k + p0 + 8 * v, store[v], top[v]);
+    for (int64_t i = 0; i < n; ++i) a.complete[m * k + p0 + i] = complete[i] != 0;
+  }
+}
+#endif
+
 ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buffer<ffi::S32> grid,
                       ffi::Buffer<ffi::S32> start, ffi::Buffer<ffi::F32> table,
                       ffi::Buffer<ffi::F32> peaks, ffi::Buffer<ffi::F32> weights,
@@ -1122,7 +1401,8 @@ ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buff
                       ffi::ResultBuffer<ffi::F32> grouped, ffi::ResultBuffer<ffi::F32> picked,
                       ffi::ResultBuffer<ffi::PRED> complete) {
 #if LJ_X86
-  if (!HasAvx512()) return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX-512");
+  const int isa = Isa();
+  if (isa < kAvx2) return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX2");
   const auto pd = prec.dimensions();
   const auto gd = grid.dimensions();
   const auto td = table.dimensions();
@@ -1156,11 +1436,12 @@ ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buff
                    complete->typed_data()};
   const int64_t tiles = (k + kPickPlans - 1) / kPickPlans;
   ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&](int64_t i) {
-    PickTile(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
+    if (isa >= kAvx512) PickTile(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
+    else PickTile2(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
   });
   return ffi::Error::Success();
 #else
-  return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX-512");
+  return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX2");
 #endif
 }
 
@@ -1445,14 +1726,36 @@ static PyObject* Handlers(PyObject*, PyObject*) {
 }
 
 static PyObject* Cpu(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:O,s:O,s:i}", "avx512_vbmi", HasVbmi() ? Py_True : Py_False,
-                       "avx512", HasAvx512() ? Py_True : Py_False, "formats", kFormats);
+  return Py_BuildValue("{s:O,s:O,s:O,s:s,s:s,s:i}", "avx512_vbmi",
+                       HasVbmi() ? Py_True : Py_False, "avx512",
+                       HasAvx512() ? Py_True : Py_False, "avx2", HasAvx2() ? Py_True : Py_False,
+                       "isa", kIsaNames[Isa()], "detected", kIsaNames[DetectedIsa()], "formats",
+                       kFormats);
+}
+
+// limit_isa(name) -> the previous cap's name: the best instruction set the kernels may use
+// from now on, in this process ("scalar", "avx2", "avx512", "avx512_vbmi"); a name not among
+// them raises ValueError.
+static PyObject* LimitIsa(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (!name) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "limit_isa: give an instruction set's name");
+    return nullptr;
+  }
+  for (int level = kScalar; level <= kVbmi; ++level)
+    if (!std::strcmp(name, kIsaNames[level]))
+      return PyUnicode_FromString(kIsaNames[g_isa_cap.exchange(level)]);
+  PyErr_Format(PyExc_ValueError, "limit_isa: %s is none of scalar, avx2, avx512, avx512_vbmi",
+               name);
+  return nullptr;
 }
 
 static PyMethodDef kMethods[] = {
     {"handlers", Handlers, METH_NOARGS, "XLA FFI handlers: {target name: PyCapsule}."},
     {"cpu", Cpu, METH_NOARGS, "The CPU features the kernels use, and their format count."},
     {"compact", Compact, METH_VARARGS, "One host plan's (class, format) entries (see above)."},
+    {"limit_isa", LimitIsa, METH_O, "Caps the instruction set the kernels use (see above)."},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_native",

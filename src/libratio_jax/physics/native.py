@@ -91,13 +91,12 @@ def status() -> NativeStatus:
         for name, capsule in _extension.handlers().items():
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-            _self_check(bool(cpu["avx512_vbmi"]))
+            _self_check(bool(cpu["avx2"]))
     except Exception as e:  # any failure: the XLA forms, and the reason kept
         return NativeStatus(False, False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
-    counts, picks = bool(cpu["avx512_vbmi"]), bool(cpu["avx512"])
-    reason = ("" if counts and picks else "this CPU has no AVX-512 VBMI: counts in XLA"
-              if picks else "this CPU has no AVX-512: counts and picked sums in XLA")
+    counts = picks = bool(cpu["avx2"])
+    reason = "" if counts else "this CPU has no AVX2: counts and picked sums in XLA"
     if picks:  # checked apart: a failure turns this kernel off, not the others
         try:
             with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
