@@ -23,6 +23,32 @@ needs_native = pytest.mark.skipif(not NATIVE.fence, reason=NATIVE.reason)
 needs_counts = pytest.mark.skipif(not NATIVE.counts, reason=NATIVE.reason)
 needs_picks = pytest.mark.skipif(not NATIVE.picks, reason=NATIVE.reason)
 
+# Every instruction set this CPU has (the extension's vector paths, and its scalar code): the
+# kernels' tests run under each, the kernels capped at it (the same results on every path).
+_ISAS = ("scalar", "avx2", "avx512", "avx512_vbmi")
+_DETECTED = native._extension.cpu()["detected"] if native._extension is not None else "scalar"
+ISA_LEVELS = _ISAS[:_ISAS.index(_DETECTED) + 1]
+
+
+@pytest.fixture(params=ISA_LEVELS)
+def isa(request):
+    """The kernels capped at one instruction set for the test (``limit_isa``)."""
+    if native._extension is None:
+        pytest.skip(NATIVE.reason)
+    previous = native._extension.limit_isa(request.param)
+    yield request.param
+    native._extension.limit_isa(previous)
+
+
+@pytest.fixture(params=[level for level in ISA_LEVELS if level != "scalar"] or ["none"])
+def vector_isa(request):
+    """As ``isa``, the vector paths only (``lj_picked_sums`` has no scalar path)."""
+    if native._extension is None or request.param == "none":
+        pytest.skip(NATIVE.reason or "this CPU has no AVX2")
+    previous = native._extension.limit_isa(request.param)
+    yield request.param
+    native._extension.limit_isa(previous)
+
 
 def test_the_extension_is_built_where_a_compiler_is():
     """``pip install`` builds the extension where a C++ compiler is found (setup.py: an
@@ -62,7 +88,7 @@ def _numpy_counts(grid, ids):
 
 @needs_counts
 @pytest.mark.parametrize("b", [1, 63, 64, 65, 200])
-def test_native_counts_equal_the_xla_counts_and_numpy(b):
+def test_native_counts_equal_the_xla_counts_and_numpy(b, isa):
     """Every byte value (ids 12..255 hold no format), partial 64-plan tiles, padding slots,
     tenants of different lengths, a class with no rows: the native counts equal XLA's
     counters and a NumPy count, bit for bit."""
@@ -88,11 +114,12 @@ def test_native_counts_equal_the_xla_counts_and_numpy(b):
 
 
 @needs_counts
-def test_native_counts_of_a_chunk_read_in_place():
+def test_native_counts_of_a_chunk_read_in_place(isa):
     """``start`` and ``size``: the chunk's plans counted where they lie in the batch (one
     compiled program for every ``start``), plans past the batch's end as plans without rows
     (counts 0, not complete), ``start`` clamped to the batch: as a NumPy count of the chunk
     and as XLA's counters on the chunk padded with ids of no format."""
+    chex.clear_trace_counter()  # (run once per instruction set)
     rng = np.random.default_rng(5)
     b, m, l, size = 200, 4, 399, 64
     grid = np.asarray(lj.reference_scenario().row_classes)
@@ -119,7 +146,7 @@ def test_native_counts_of_a_chunk_read_in_place():
 
 
 @needs_counts
-def test_native_counts_are_bounded_by_the_grid():
+def test_native_counts_are_bounded_by_the_grid(isa):
     """Grid entries outside ``[0, L)`` (negative, past the rows) read as padding instead of
     reading outside the plans, and a class of more than 255 rows is widened past its 8-bit
     counters: as a NumPy count."""
@@ -160,7 +187,7 @@ def test_native_counts_under_vmap_and_retracing():
 @needs_native
 @pytest.mark.parametrize("b,k", [(1, 1), (31, 13), (33, 14), (70, 27), (600, 9)])
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
-def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
+def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype, isa):
     """Per-tenant sums of the counts weighted by a table of terms, read as one-byte counts or
     floats, partial 32-plan tiles, a number of terms that is not a multiple of the kernel's
     pass (8), empty entries: as a NumPy product in float64 and as XLA's, up to float
@@ -206,7 +233,7 @@ def test_native_weighted_sums_equal_a_numpy_product(b, k, dtype):
 
 
 @needs_native
-def test_native_weighted_sums_peak_of_negative_zero_is_zero():
+def test_native_weighted_sums_peak_of_negative_zero_is_zero(isa):
     """An entry held for its group alone, whose peak is -0.0, leaves the peak +0.0 (the
     documented ``max(0, ...)``), as NumPy's maximum with an initial 0 gives."""
     out = jax.jit(lambda *a: native._native_sums(*a, n_groups=1))(
@@ -308,7 +335,7 @@ def _numpy_picks(grid, ids, table, peaks, weights, groups, picks, n_groups):
 
 @needs_picks
 @pytest.mark.parametrize("b,l", [(1, 14), (70, 16), (600, 23)])
-def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l):
+def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l, vector_isa):
     """The sums, groups, peak, picks and completeness of one-row classes read from hostile
     ids in a hostile grid: as plain NumPy loops and as ``picked_sums``' XLA form (the counts'
     weighted sums and products, with the kernel off), sums up to float rounding, the rest
@@ -343,7 +370,7 @@ def _assert_picks_equal(out, want):
 
 @needs_picks
 @pytest.mark.parametrize("l", [14, 23])
-def test_native_picked_sums_of_a_chunk_read_in_place(l):
+def test_native_picked_sums_of_a_chunk_read_in_place(l, vector_isa):
     """Chunks of a batch read where they lie, the last past the batch's end (plans 96 ..
     199 of 200, then empty slots): each chunk's results are the whole batch's, the slots
     past the end zeros and not complete."""
@@ -381,7 +408,7 @@ def test_native_picked_sums_never_reuse_another_calls_tables():
 
 @needs_native
 @pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
-def test_native_rows_equal_the_xla_rows(b):
+def test_native_rows_equal_the_xla_rows(b, isa):
     """Each row's score picked from a ``[F, M, L]`` table at its id (format 0 for ids out of
     the domain), the fallback format's for the tenants not kept: as ``stability.
     rows_stability`` in XLA and as NumPy indexing."""
@@ -425,9 +452,9 @@ def _columns_table(rng, m, l, distinct):
 
 
 @needs_native
-@pytest.mark.parametrize("b", [64, 600])  # from 64 plans the kernel reads distinct columns
+@pytest.mark.parametrize("b", [64, 70, 600])  # from 64 plans the kernel reads distinct columns
 @pytest.mark.parametrize("l", [23, 41])  # 16 rows at a time, and a rest
-def test_native_rows_by_distinct_columns(b, l):
+def test_native_rows_by_distinct_columns(b, l, isa):
     """A batch reads each tenant's scores from its distinct columns (at most 256 scores:
     1 to 21 columns of 12 formats, 1 to 8 permutes; a tenant of 22 or more, or whose rows
     are all distinct, by the gather): the same bits as NumPy's indexing, NaNs, signed zeros,
@@ -446,7 +473,7 @@ def test_native_rows_by_distinct_columns(b, l):
 
 @needs_native
 @pytest.mark.parametrize("n_formats,distinct", [(1, 32), (1, 33), (3, 85), (40, 6), (300, 1)])
-def test_native_rows_by_distinct_columns_of_any_width(n_formats, distinct):
+def test_native_rows_by_distinct_columns_of_any_width(n_formats, distinct, isa):
     """Tables of other widths than 12 formats: at most 32 distinct columns of at most 256
     scores a tenant are read by permutes, more by the gather; the same bits either way."""
     rng = np.random.default_rng(n_formats + distinct)
@@ -630,6 +657,32 @@ def test_status_says_why_the_xla_forms_run(monkeypatch):
                 assert "lj_picked_sums' self-check failed: RuntimeError" in failed.reason
     finally:
         monkeypatch.undo()
+        native.status.cache_clear()
+        assert native.status() == NATIVE
+
+
+@needs_native
+def test_the_isa_switch_caps_the_kernels(monkeypatch):
+    """``LIBRATIO_NATIVE_ISA`` caps the instruction set: below AVX2 the counts and picked
+    sums run in XLA (the reason says so) and the others scalar; a name of no instruction set
+    turns the kernels off with a reason naming the switch."""
+    previous = native._extension.limit_isa("avx512_vbmi")
+    try:
+        native.status.cache_clear()
+        monkeypatch.setenv(native.ISA_SWITCH, "scalar")
+        capped = native.status()
+        assert native._extension.cpu()["isa"] == "scalar"
+        assert capped.rows and capped.sums and capped.fence and capped.compact
+        assert not capped.counts and not capped.picks
+        assert f"{native.ISA_SWITCH}=scalar" in capped.reason
+        native.status.cache_clear()
+        monkeypatch.setenv(native.ISA_SWITCH, "sse9")
+        wrong = native.status()
+        assert not (wrong.rows or wrong.counts or wrong.fence)
+        assert native.ISA_SWITCH in wrong.reason and "sse9" in wrong.reason
+    finally:
+        monkeypatch.undo()
+        native._extension.limit_isa(previous)
         native.status.cache_clear()
         assert native.status() == NATIVE
 

@@ -91,6 +91,22 @@ bool HasAvx2() { return Isa() >= kAvx2; }
 LJ_AVX2 inline __m256i LaneMask8(int n) {  // lanes [0, n) all ones
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+
+// The first n (<= 8) lanes stored or loaded (lanes [n, 8) of a load: 0), `mask` their
+// LaneMask8: a masked access only for a partial vector (AMD's masked stores are slow).
+LJ_AVX2 inline void Store8(float* out, __m256 v, int n, __m256i mask) {
+  if (n >= 8) _mm256_storeu_ps(out, v);
+  else _mm256_maskstore_ps(out, mask, v);
+}
+
+LJ_AVX2 inline __m256 Load8(const float* x, int n, __m256i mask) {
+  return n >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask);
+}
+
+LJ_AVX2 inline __m256i Load8(const int32_t* x, int n, __m256i mask) {
+  return n >= 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))
+                : _mm256_maskload_epi32(x, mask);
+}
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -402,8 +418,8 @@ LJ_AVX2 inline void StoreCounts32(__m256i acc, int plans, bool add, float* out) 
     const __m256i mask = LaneMask8(n);
     __m256 x = _mm256_cvtepi32_ps(
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * q))));
-    if (add) x = _mm256_add_ps(x, _mm256_maskload_ps(out + 8 * q, mask));
-    _mm256_maskstore_ps(out + 8 * q, mask, x);
+    if (add) x = _mm256_add_ps(x, Load8(out + 8 * q, n, mask));
+    Store8(out + 8 * q, x, n, mask);
   }
 }
 
@@ -603,7 +619,8 @@ Columns DistinctColumns(const float* table, int64_t F, int64_t M, int64_t L) {
       continue;
     }
     c.pairs[m] = int32_t(std::max<size_t>(1, (kept.size() + 31) / 32));
-    kept.resize(size_t(c.pairs[m]) * 32, 0.0f);
+    // (and 16 more: the AVX2 path reads 16 scores from a column's first)
+    kept.resize(std::max<size_t>(size_t(c.pairs[m]) * 32, kept.size() + 16), 0.0f);
   }
   return c;
 }
@@ -679,6 +696,60 @@ static_assert(sizeof(kColumnsFns) / sizeof(kColumnsFns[0]) == kLookupEntries / 3
 // fewer would not repay comparing the table with the kept copy.
 constexpr int64_t kColumnsPlans = 64;
 
+
+void StabilityColumnsScalar(const uint8_t* row, const float* scores, const int32_t* offset,
+                            int F, int L, float* out) {
+  for (int r = 0; r < L; ++r) out[r] = scores[offset[r] + (row[r] < unsigned(F) ? row[r] : 0u)];
+}
+
+// AVX2, F <= 16: 8 plans (`first`: plan 0's rows of the tenant, the others `stride` bytes
+// apart) at a time, 8 rows at a time: their ids transposed to one vector of 8 plans per row,
+// each row's scores for the 8 plans two permutes of its column (16 scores from its first) and
+// a blend, the 8 x 8 scores transposed back to 8 rows per plan (its outputs `out_stride`
+// floats apart). Gathers (one score per lane) and a tree of permutes over all of a tenant's
+// scores (8 rows per vector) took longer than scalar code on an AMD EPYC of family 25 model 1.
+LJ_AVX2 void StabilityColumnsTileAvx2(const uint8_t* first, size_t stride, const float* scores,
+                                      const int32_t* offset, int F, int L, float* out,
+                                      size_t out_stride) {
+  const __m256i n_formats = _mm256_set1_epi32(F);
+  int r0 = 0;
+  for (; r0 + 8 <= L; r0 += 8) {
+    __m128i a[8];
+    for (int j = 0; j < 8; ++j)
+      a[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(first + j * stride + r0));
+    const __m128i t0 = _mm_unpacklo_epi8(a[0], a[1]), t1 = _mm_unpacklo_epi8(a[2], a[3]),
+                  t2 = _mm_unpacklo_epi8(a[4], a[5]), t3 = _mm_unpacklo_epi8(a[6], a[7]);
+    const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1),
+                  u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+    const __m128i by_row[4] = {_mm_unpacklo_epi32(u0, u2), _mm_unpackhi_epi32(u0, u2),
+                               _mm_unpacklo_epi32(u1, u3), _mm_unpackhi_epi32(u1, u3)};
+    __m256 v[8];  // row i's scores of plans 0..7
+    for (int i = 0; i < 8; ++i) {
+      __m256i f = _mm256_cvtepu8_epi32(i & 1 ? _mm_srli_si128(by_row[i / 2], 8) : by_row[i / 2]);
+      f = _mm256_and_si256(f, _mm256_cmpgt_epi32(n_formats, f));  // not in [0, F): format 0
+      const float* column = scores + offset[r0 + i];
+      v[i] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(column), f),
+                              _mm256_permutevar8x32_ps(_mm256_loadu_ps(column + 8), f),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(f, 28)));
+    }
+    const __m256 t4 = _mm256_unpacklo_ps(v[0], v[1]), t5 = _mm256_unpackhi_ps(v[0], v[1]),
+                 t6 = _mm256_unpacklo_ps(v[2], v[3]), t7 = _mm256_unpackhi_ps(v[2], v[3]),
+                 t8 = _mm256_unpacklo_ps(v[4], v[5]), t9 = _mm256_unpackhi_ps(v[4], v[5]),
+                 ta = _mm256_unpacklo_ps(v[6], v[7]), tb = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t4, t6, 0x44), s1 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                 s2 = _mm256_shuffle_ps(t5, t7, 0x44), s3 = _mm256_shuffle_ps(t5, t7, 0xEE),
+                 s4 = _mm256_shuffle_ps(t8, ta, 0x44), s5 = _mm256_shuffle_ps(t8, ta, 0xEE),
+                 s6 = _mm256_shuffle_ps(t9, tb, 0x44), s7 = _mm256_shuffle_ps(t9, tb, 0xEE);
+    const __m256 o[8] = {_mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+                         _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+                         _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+                         _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + j * out_stride + r0, o[j]);
+  }
+  for (int j = 0; j < 8 && r0 < L; ++j)  // the last rows (fewer than 8)
+    StabilityColumnsScalar(first + j * stride + r0, scores, offset + r0, F, L - r0,
+                           out + j * out_stride + r0);
+}
 #endif
 
 void StabilityRowsScalar(const uint8_t* row, const float* table, int64_t plane, int F, int L,
@@ -706,20 +777,42 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   const bool* k = keep.typed_data();
   float* o = out->typed_data();
   AdviseHugePages(o, size_t(B) * plane * sizeof(float));
-  const bool vec = HasAvx512() && plane < (int64_t{1} << 31) / std::max(F, 1);
+  const int isa = plane < (int64_t{1} << 31) / std::max(F, 1) ? Isa() : int(kScalar);
 #if LJ_X86
   const Columns* columns = nullptr;
-  if (vec && B >= kColumnsPlans) {
+  if (isa >= kAvx2 && B >= kColumnsPlans) {
     try {
       columns = &ColumnsFor(t, F, M, L);
-    } catch (const std::bad_alloc&) {  // (its copy of the table or the columns): the gather
+    } catch (const std::bad_alloc&) {  // (its copy of the table or the columns): row by row
       columns = nullptr;
     }
   }
 #endif
   constexpr int64_t kPlans = 256;  // plans per task
   ParallelChunks(B > kPlans ? &pool : nullptr, (B + kPlans - 1) / kPlans, [&](int64_t c) {
-    for (int64_t i = c * kPlans; i < std::min(B, (c + 1) * kPlans); ++i)
+    const int64_t end = std::min(B, (c + 1) * kPlans);
+    int64_t i = c * kPlans;
+#if LJ_X86
+    if (columns && isa == kAvx2 && F <= 16) {  // 8 plans at a time (the plans not kept after)
+      for (; i + 8 <= end; i += 8)
+        for (int64_t m = 0; m < M; ++m) {
+          bool any = false;
+          for (int64_t j = i; j < i + 8; ++j) any |= k[j * M + m];
+          if (!any) {
+          } else if (columns->pairs[m])
+            StabilityColumnsTileAvx2(p + (i * M + m) * L, size_t(M * L), columns->scores[m].data(),
+                                     columns->offset.data() + m * L, F, int(L),
+                                     o + (i * M + m) * L, size_t(M * L));
+          else
+            for (int64_t j = i; j < i + 8; ++j)
+              StabilityRowsScalar(p + (j * M + m) * L, t + m * L, plane, F, int(L), o + (j * M + m) * L);
+          for (int64_t j = i; j < i + 8; ++j)
+            if (!k[j * M + m])
+              std::memcpy(o + (j * M + m) * L, t + fallback * plane + m * L, size_t(L) * sizeof(float));
+        }
+    }
+#endif
+    for (; i < end; ++i)
       for (int64_t m = 0; m < M; ++m) {
         float* dst = o + (i * M + m) * L;
         if (!k[i * M + m]) {
@@ -729,11 +822,11 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
         const uint8_t* row = p + (i * M + m) * L;
 #if LJ_X86
         if (columns && columns->pairs[m]) {
-          kColumnsFns[columns->pairs[m]](row, columns->scores[m].data(),
-                                         columns->offset.data() + m * L, F, int(L), dst);
+          const ColumnsFn fn = isa >= kAvx512 ? kColumnsFns[columns->pairs[m]] : StabilityColumnsScalar;
+          fn(row, columns->scores[m].data(), columns->offset.data() + m * L, F, int(L), dst);
           continue;
         }
-        if (vec) {
+        if (isa >= kAvx512) {
           StabilityRowsAvx512(row, t + m * L, plane, F, int(L), dst);
           continue;
         }
@@ -928,7 +1021,7 @@ LJ_AVX2 inline __m256 LoadCounts8(const uint8_t* x, int n, __m256i) {
 }
 
 LJ_AVX2 inline __m256 LoadCounts8(const float* x, int n, __m256i mask) {
-  return n == 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mask);
+  return Load8(x, n, mask);
 }
 
 template <typename T>
@@ -963,13 +1056,13 @@ LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, 
           for (int j = 0; j < kSumRows; ++j)
             acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(t + j), x, acc[j]);
         }
-        if (first && g < G) _mm256_maskstore_ps(a.grouped + (m * G + g) * b + q0, mask, s);
+        if (first && g < G) Store8(a.grouped + (m * G + g) * b + q0, s, live, mask);
       }
-      if (first) _mm256_maskstore_ps(a.peak + m * b + q0, mask, top);
+      if (first) Store8(a.peak + m * b + q0, top, live, mask);
       const int64_t left = K - k0;
       for (int j = 0; j < kSumRows; ++j) {
         if (j >= left) break;
-        _mm256_maskstore_ps(a.out + (m * K + k0 + j) * b + q0, mask, acc[j]);
+        Store8(a.out + (m * K + k0 + j) * b + q0, acc[j], live, mask);
       }
     }
   }
@@ -1335,7 +1428,11 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
   ids_store.resize(size_t(C * kPickPlans));
   int32_t* ids = ids_store.data();
   __m256i store[kVectors];
-  for (int v = 0; v < kVectors; ++v) store[v] = LaneMask8(int(std::clamp<int64_t>(n - 8 * v, 0, 8)));
+  int lanes[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    lanes[v] = int(std::clamp<int64_t>(n - 8 * v, 0, 8));
+    store[v] = LaneMask8(lanes[v]);
+  }
   alignas(32) int32_t complete[kPickPlans];
   for (int64_t m = 0; m < M; ++m) {
     const int32_t* rows = t.row.data() + m * C;
@@ -1364,7 +1461,7 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
                                                             reinterpret_cast<const __m256i*>(g + 8 * v))));
       }
       float* out = q < K ? a.sums + (m * K + q) * k : a.grouped + (m * G + q - K) * k;
-      for (int64_t v = 0; v < vectors; ++v) _mm256_maskstore_ps(out + p0 + 8 * v, store[v], acc[v]);
+      for (int64_t v = 0; v < vectors; ++v) Store8(out + p0 + 8 * v, acc[v], lanes[v], store[v]);
     }
     __m256 top[kVectors];
     for (int v = 0; v < kVectors; ++v) top[v] = _mm256_setzero_ps();
@@ -1374,11 +1471,11 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
         const int32_t slot = t.pick_slot[(m * J + j) * C + c];
         float* out = a.picked + ((m * J + j) * C + c) * k + p0;
         for (int64_t v = 0; v < vectors; ++v)
-          _mm256_maskstore_ps(out + 8 * v, store[v],
-                              slot < 0 ? _mm256_setzero_ps()
-                                       : Lookup16(t.column + kLanes * int64_t(slot),
-                                                _mm256_loadu_si256(
-                                                    reinterpret_cast<const __m256i*>(g + 8 * v))));
+          Store8(out + 8 * v,
+                 slot < 0 ? _mm256_setzero_ps()
+                          : Lookup16(t.column + kLanes * int64_t(slot),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
+                 lanes[v], store[v]);
       }
       const int32_t slot = t.peak_slot[m * C + c];
       if (slot < 0) continue;
@@ -1387,7 +1484,7 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
                                top[v]);
     }
-    for (int64_t v = 0; v < vectors; ++v) _mm256_maskstore_ps(a.peak + m * k + p0 + 8 * v, store[v], top[v]);
+    for (int64_t v = 0; v < vectors; ++v) Store8(a.peak + m * k + p0 + 8 * v, top[v], lanes[v], store[v]);
     for (int64_t i = 0; i < n; ++i) a.complete[m * k + p0 + i] = complete[i] != 0;
   }
 }

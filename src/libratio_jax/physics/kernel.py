@@ -382,10 +382,10 @@ def _classes(scenario: Scenario) -> tuple:
 
 def _by_class(scenario: Scenario) -> bool:
     """Whether :func:`evaluate_batch` counts and sums a batch by class: at full resolution
-    always; with merged rows on the CPU with the native kernels, on a CPU with AVX-512 VBMI
-    (65,536 plans, one process, no ``layer_stability``: 1.05-1.30 -> 1.31-1.63 M plans/s
-    counted, more with the picked sums since; elsewhere not measured, so row by row as
-    before)."""
+    always; with merged rows on the CPU with the native counts and picked sums (AVX2; on a
+    CPU with AVX-512 VBMI, 65,536 plans, one process, no ``layer_stability``: 1.05-1.30 ->
+    1.31-1.63 M plans/s counted, more with the picked sums since; on an AMD EPYC with AVX2
+    only, 0.22-0.26 M row by row -> 1.2-1.4 M with the AVX2 kernels), else row by row."""
     return scenario.row_classes is not None or (jax.default_backend() == "cpu"
                                                 and native.status().counts
                                                 and native.status().picks)

@@ -9,17 +9,19 @@ by ``pip install`` where a compiler is found; ``setup.py``) holds five XLA FFI h
 the CPU:
 
 - ``lj_format_counts``: the counts of :func:`~libratio_jax.physics.rowclasses.format_counts`,
-  64 plans side by side in byte lanes (AVX-512 VBMI; 2-4x less time than XLA's counters),
-  a chunk of a batch read where it lies;
+  64 plans side by side in byte lanes with AVX-512 VBMI, 32 with AVX2 (2-4x less time than
+  XLA's counters), a chunk of a batch read where it lies;
 - ``lj_weighted_sums``: the counts summed against a table of per-entry terms, the largest
   of a per-entry table over the entries a plan holds, and weighted sums per group of entries
   (:func:`weighted_sums`), reading one-byte counts as they are (XLA's matrix products need a
   float copy of them) and skipping the entries that cannot add to a result;
 - ``lj_picked_sums``: the same sums of classes of one row each (merged rows) read from the
   plans' formats with no counts between, and each class's entry of a table of picks
-  (:func:`picked_sums`; AVX-512, 16 plans to a vector, an entry for 16 plans one permute);
+  (:func:`picked_sums`; AVX-512, 16 plans to a vector, an entry for 16 plans one permute;
+  AVX2, 8 plans to a vector, two permutes and a blend);
 - ``lj_rows_stability``: the rows' scores of :func:`~libratio_jax.physics.stability.
-  rows_stability`, on XLA's thread pool, with huge pages advised for the output;
+  rows_stability`, on XLA's thread pool, with huge pages advised for the output (with AVX2,
+  8 plans' rows at a time: their ids and scores transposed in registers);
 - ``lj_fence``: an identity XLA cannot fuse through (:func:`fence`).
 
 Beside them, one plain function of the extension (no XLA), ``compact``
@@ -29,9 +31,12 @@ Beside them, one plain function of the extension (no XLA), ``compact``
 None holds physics: they count, multiply by tables the physics modules computed, pick and
 copy. Each is used only on the CPU, only where it computes what its XLA form does (exactly;
 the weighted sums up to float rounding; the tests compare them on hostile inputs), and only
-after a check in this process: on other platforms, without the extension, on a CPU without
-AVX-512 (VBMI for the counts), with ``LIBRATIO_NATIVE=0`` in the environment or when the
-check fails, the XLA forms run. :func:`status` says which.
+after a check in this process: on other platforms, without the extension, with
+``LIBRATIO_NATIVE=0`` in the environment or when the check fails, the XLA forms run; on a
+CPU without AVX2 (x86-64 CPUs since 2013-2015 have it), the counts and picked sums do and
+the others run scalar code. :func:`status` says which. Each kernel takes the best path the
+CPU has (AVX-512 VBMI, AVX-512, AVX2, scalar); ``LIBRATIO_NATIVE_ISA=avx2`` (or ``scalar``,
+``avx512``) caps it, to compare paths on one machine.
 
 Example:
     >>> from libratio_jax.physics import native
@@ -50,6 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_SWITCH = "LIBRATIO_NATIVE"  # "0": the XLA forms everywhere
+# The best instruction set the kernels may use ("scalar", "avx2", "avx512", "avx512_vbmi"):
+# unset, the best this CPU has. Below "avx2" the counts and picked sums run in XLA.
+ISA_SWITCH = "LIBRATIO_NATIVE_ISA"
 
 try:
     from libratio_jax.physics import _native as _extension
@@ -60,11 +68,11 @@ except ImportError:  # not built (no compiler at install, or a source tree): the
 class NativeStatus(NamedTuple):
     """Which native kernels this process uses, and why not the others."""
 
-    counts: bool  # lj_format_counts (needs AVX-512 VBMI)
+    counts: bool  # lj_format_counts (needs AVX2)
     rows: bool  # lj_rows_stability
     fence: bool  # lj_fence
     sums: bool  # lj_weighted_sums
-    picks: bool  # lj_picked_sums (needs AVX-512)
+    picks: bool  # lj_picked_sums (needs AVX2)
     compact: bool  # compact_pairs (one host plan's entries; no XLA)
     reason: str  # "" when all are used, else why not (or not all)
 
@@ -82,6 +90,12 @@ def status() -> NativeStatus:
                             "the extension libratio_jax.physics._native is not built")
     from libratio_jax.physics import formats as F
 
+    isa = os.environ.get(ISA_SWITCH, "").strip()
+    if isa:
+        try:
+            _extension.limit_isa(isa)
+        except ValueError as e:
+            return NativeStatus(False, False, False, False, False, False, f"{ISA_SWITCH}: {e}")
     cpu = _extension.cpu()
     if cpu["formats"] != F.NUM_FORMATS:
         return NativeStatus(False, False, False, False, False, False,
@@ -96,7 +110,8 @@ def status() -> NativeStatus:
         return NativeStatus(False, False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
     counts = picks = bool(cpu["avx2"])
-    reason = "" if counts else "this CPU has no AVX2: counts and picked sums in XLA"
+    reason = ("" if counts else f"{ISA_SWITCH}={isa}: counts and picked sums in XLA" if isa
+              else "this CPU has no AVX2: counts and picked sums in XLA")
     if picks:  # checked apart: a failure turns this kernel off, not the others
         try:
             with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
