@@ -1029,11 +1029,25 @@ LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, 
                       int64_t p0, int plans) {
   const int64_t K = a.K, G = a.G, b = a.b, n = int64_t(h.held.size());
   const __m256 zero = _mm256_setzero_ps();
+  // The held entries' counts of these plans first copied as floats, [n][kSumPlans] (~24 KB):
+  // read in place, entries b apart, they fell in few cache sets (each read missed L1) and
+  // were converted once per pass and run of 8 (a 512-plan chunk: ~370 -> ~150 µs).
+  thread_local std::vector<float> store;
+  store.resize(size_t(n) * kSumPlans + 8);
+  float* local = reinterpret_cast<float*>(
+      (reinterpret_cast<uintptr_t>(store.data()) + 31) & ~uintptr_t{31});
+  for (int64_t i = 0; i < n; ++i) {
+    const T* src = counts + (m * a.E + h.held[i]) * b + p0;
+    for (int v0 = 0; v0 < kSumPlans; v0 += 8) {
+      const int live = std::clamp(plans - v0, 0, 8);
+      _mm256_store_ps(local + i * kSumPlans + v0,
+                      live ? LoadCounts8(src + v0, live, LaneMask8(live)) : zero);
+    }
+  }
   for (int v0 = 0; v0 < plans; v0 += 8) {
     const int live = std::min(8, plans - v0);
     const __m256i mask = LaneMask8(live);
     const int64_t q0 = p0 + v0;
-    const T* c = counts + m * a.E * b + q0;
     __m256 top = zero;
     const float* packed = h.packed.data();
     for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kSumRows, packed += n * kSumRows) {
@@ -1045,7 +1059,7 @@ LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, 
         const int64_t end = g < G ? h.group_end[g] : n;
         __m256 s = zero;
         for (; i < end; ++i) {
-          const __m256 x = LoadCounts8(c + int64_t(h.held[i]) * b, live, mask);
+          const __m256 x = _mm256_load_ps(local + i * kSumPlans + v0);
           if (first) {
             // top where the count is 0, else max(peak, top): a peak of -0.0 leaves +0.0
             const __m256 held = _mm256_cmp_ps(x, zero, _CMP_GT_OQ);
