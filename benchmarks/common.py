@@ -79,8 +79,9 @@ def host() -> dict:
     """The machine a benchmark ran on: ``cpu`` (the model name ``/proc/cpuinfo`` gives, with
     its family and model numbers, which tell the generation where a virtual machine's name
     does not, e.g. ``AMD EPYC (family 26, model 2)``; on Arm its implementer and part
-    numbers; the platform's processor string elsewhere) and ``cpu_count`` (the cores the
-    process may use; a CPU quota of its cgroup is not read). Rates measured on different CPUs
+    numbers; the platform's processor string elsewhere), ``cpu_count`` (the cores the
+    process may use; a CPU quota of its cgroup is not read) and ``native_isa``
+    (:func:`native_isa`). Rates measured on different CPUs
     are not comparable: the same code ran ~2x apart between machines of this project."""
     fields = {}
     try:
@@ -99,7 +100,18 @@ def host() -> dict:
         cpu += f" (implementer {fields['CPU implementer']}, part {fields['CPU part']})"
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
-    return {"cpu": cpu, "cpu_count": cores}
+    return {"cpu": cpu, "cpu_count": cores, "native_isa": native_isa()}
+
+
+def native_isa() -> str:
+    """The instruction set the native CPU kernels use in this process (``physics.native``:
+    ``avx512_vbmi``, ``avx512``, ``avx2`` or ``scalar``; ``none`` when they are off); the same
+    code runs several times apart between them (the AVX2 paths: docs/performance.md)."""
+    from libratio_jax.physics import native
+
+    if not native.status().fence:
+        return "none"
+    return native._extension.cpu()["isa"]
 
 
 def save_records(name: str, records: list, out: str | None = None,

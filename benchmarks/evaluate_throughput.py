@@ -24,7 +24,8 @@ the fastest of ``--single-call-trials`` fresh processes (``processes``, default
 ``SINGLE_CALL_TRIALS``; 0 skips them) with JAX's default asynchronous dispatch and, on the
 CPU, with ``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA
 fusions) of that program (``program_kernels``). A batch too large for the device's memory is
-reported on stderr and skipped.
+reported on stderr and skipped. On a CPU whose native kernels use less than AVX-512 VBMI the
+records are written as ``evaluate_throughput_{isa}_cpu.json`` (:func:`results_name`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import add_output_args, gpu_class_path, save_records, time_jitted  # noqa: E402
+from common import (add_output_args, gpu_class_path, native_isa, save_records,  # noqa: E402
+                    time_jitted)
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
@@ -340,7 +342,15 @@ def main(argv=None) -> None:
     for g in args.block_groups:
         run(args.batches, g or None, args.repeats, args.reference_plans, records,
             args.single_call_trials)
-    save_records("evaluate_throughput", records, args.out, args.save_results)
+    save_records(results_name(), records, args.out, args.save_results)
+
+
+def results_name() -> str:
+    """``evaluate_throughput``, or ``evaluate_throughput_{isa}`` on a CPU whose native kernels
+    use less than AVX-512 VBMI (``common.native_isa``), so that the committed results keep
+    a machine of each kind (the README's tables read every one)."""
+    isa = native_isa() if jax.default_backend() == "cpu" else "avx512_vbmi"
+    return "evaluate_throughput" if isa == "avx512_vbmi" else f"evaluate_throughput_{isa}"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ scripts with ``--save-results``). A table whose files are missing keeps its mark
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -23,6 +24,17 @@ BENCH = os.path.join(HERE, "results")
 EXPER = os.path.join(ROOT, "experiments", "results")
 README = os.path.join(ROOT, "README.md")
 _BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+ISA_NAMES = {"avx512_vbmi": "AVX-512 VBMI", "avx512": "AVX-512", "avx2": "AVX2",
+             "scalar": "scalar", "none": "off"}
+
+
+def _cpu_results(prefix: str) -> list:
+    """The records of every committed ``{prefix}*_cpu.json`` (one machine each: e.g.
+    ``evaluate_throughput_avx2_cpu.json`` beside ``evaluate_throughput_cpu.json``)."""
+    return [r for path in sorted(glob.glob(os.path.join(BENCH, f"{prefix}*_cpu.json")))
+            for r in _load(path) or []]
 
 
 def _load(*parts):
@@ -51,6 +63,8 @@ def _device(rec) -> str:
         machine = rec.get("host") or {}
         name = (f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
                 if machine else "2-core CPU")
+        if machine.get("native_isa"):  # (recorded since the thirty-seventh round)
+            name += f", native kernels: {ISA_NAMES.get(machine['native_isa'], machine['native_isa'])}"
     if rec.get("host_memory") == "reused":  # evaluate_throughput's reused_memory_records
         return f"{name}, `lj.reuse_host_memory()`, inline dispatch"
     return name
@@ -111,16 +125,16 @@ def reward_adversarial() -> str:
 
 def evaluate_throughput() -> str:
     rows = []
-    for name in ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu.json"):
-        for r in _load(BENCH, name) or []:
-            if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
-                continue
-            ref = r.get("speedup_vs_reference")
-            rows_s = r["plans_per_second"] * r.get("tenants", 0) * r["layers"]
-            rows.append((_device(r), r["layers"], f"{r['batch']:,}",
-                         "yes" if r.get("layer_stability", True) else "no",
-                         _si(r["plans_per_second"]), _si(rows_s) if rows_s else "",
-                         f"{r['compile_seconds']:.1f} s", f"{ref:,.0f}×" if ref else ""))
+    for r in _cpu_results("evaluate_throughput") + (
+            _load(BENCH, "evaluate_throughput_gpu.json") or []):
+        if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
+            continue
+        ref = r.get("speedup_vs_reference")
+        rows_s = r["plans_per_second"] * r.get("tenants", 0) * r["layers"]
+        rows.append((_device(r), r["layers"], f"{r['batch']:,}",
+                     "yes" if r.get("layer_stability", True) else "no",
+                     _si(r["plans_per_second"]), _si(rows_s) if rows_s else "",
+                     f"{r['compile_seconds']:.1f} s", f"{ref:,.0f}×" if ref else ""))
     return _table(("device", "rows per model (L)", "batch", "`layer_stability`", "plans/s",
                    "row evaluations/s", "compile", "vs plain-Python reference"), rows)
 
@@ -128,7 +142,7 @@ def evaluate_throughput() -> str:
 def evaluate_single_call() -> str:
     rows = [(_device(r), r["layers"], r.get("formats", "per row"), r.get("dispatch", "async"),
              f"{r['call_microseconds']:.0f} µs", r.get("program_kernels", ""))
-            for r in _load(BENCH, "evaluate_throughput_cpu.json") or []
+            for r in _cpu_results("evaluate_throughput")
             if r.get("benchmark") == "evaluate_single_call"]
     return _table(("device", "rows per model (L)", "plan's formats", "CPU dispatch",
                    "one `lj.evaluate` call, one plan", "kernels in its program"), rows)

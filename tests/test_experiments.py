@@ -131,6 +131,9 @@ def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     # Every saved record names the machine it ran on; one that already does keeps its own.
     machine = bench.host()
     assert machine["cpu"] and 1 <= machine["cpu_count"] <= (os.cpu_count() or 1)
+    from libratio_jax.physics import native  # and the instruction set of the native kernels
+    assert machine["native_isa"] == (native._extension.cpu()["isa"] if native.status().fence
+                                     else "none")
     path = bench.save_records("x", [{"a": 1}, {"a": 2, "host": {"cpu": "other"}}],
                               out=os.path.join(tmp_path, "x.json"))
     saved = json.loads(open(path).read())
