@@ -1431,12 +1431,13 @@ LJ_AVX2 inline __m256 Lookup16(const float* column, __m256i g) {
   return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(g));
 }
 
+template <bool Full>
 LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
   constexpr int kVectors = kPickPlans / 8;
   constexpr int32_t kNone = 15;  // column slot 15: 0 in every column (kFormats <= 15)
   static_assert(kFormats < kNone, "slot 15 of a column holds no format");
   const int64_t M = a.M, L = a.L, C = a.C, J = a.J, K = a.K, G = a.G, Q = K + G, k = a.k;
-  const int64_t n = p1 - p0, vectors = (n + 7) / 8;
+  const int64_t n = Full ? kPickPlans : p1 - p0, vectors = Full ? kVectors : (n + 7) / 8;
   const int64_t live_plans = std::clamp<int64_t>(a.b - p0, 0, n);  // the others: past B - 1
   thread_local std::vector<int32_t> ids_store;  // [C, kPickPlans]
   ids_store.resize(size_t(C * kPickPlans));
@@ -1447,21 +1448,62 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
     lanes[v] = int(std::clamp<int64_t>(n - 8 * v, 0, 8));
     store[v] = LaneMask8(lanes[v]);
   }
-  alignas(32) int32_t complete[kPickPlans];
+  // Tenants of at most 16 rows: the tile's plans copied (plans past the batch: no format; 16
+  // bytes more for the last loads), each tenant's rows transposed 32 plans at a time
+  // (TransposeRows32), a class's ids of 8 plans then one load (the ids read byte by byte
+  // were ~30% of the kernel's time).
+  const bool transpose = L <= 16;
+  const size_t plan_bytes = size_t(M * L);
+  thread_local std::vector<uint8_t> copy;
+  if (transpose) {
+    copy.resize(kPickPlans * plan_bytes + 16);
+    std::memcpy(copy.data(), a.prec + size_t(p0) * plan_bytes, size_t(live_plans) * plan_bytes);
+    std::memset(copy.data() + size_t(live_plans) * plan_bytes, kNoFormat,
+                copy.size() - size_t(live_plans) * plan_bytes);
+  }
+  alignas(32) uint8_t by_row[2][16 * 32];  // [plans 0..31, 32..63][row][plan]
+  alignas(32) int32_t held[kPickPlans];
+  const __m256i none = _mm256_set1_epi32(kNone | kNone << 28);
+  const __m256i n_formats = _mm256_set1_epi32(kFormats);
   for (int64_t m = 0; m < M; ++m) {
     const int32_t* rows = t.row.data() + m * C;
-    for (int64_t i = 0; i < vectors * 8; ++i) {
-      const uint8_t* id = i < live_plans ? a.prec + ((p0 + i) * M + m) * L : nullptr;
-      bool ok = id != nullptr;
+    __m256i complete[kVectors];
+    for (int v = 0; v < kVectors; ++v)
+      complete[v] = LaneMask8(int(std::clamp<int64_t>(live_plans - 8 * v, 0, 8)));
+    if (transpose) {
+      TransposeRows32(copy.data() + m * L, plan_bytes, by_row[0]);
+      TransposeRows32(copy.data() + (32 * M + m) * L, plan_bytes, by_row[1]);
       for (int64_t c = 0; c < C; ++c) {
-        int32_t f = kNone;
-        if (id && rows[c] >= 0) {
-          if (id[rows[c]] < kFormats) f = id[rows[c]];
-          else ok = false;
+        int32_t* out = ids + c * kPickPlans;
+        for (int64_t v = 0; v < vectors; ++v) {
+          if (rows[c] < 0) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * v), none);
+            continue;
+          }
+          const __m256i f = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+              by_row[v / 4] + 32 * rows[c] + 8 * (v % 4))));
+          const __m256i valid = _mm256_cmpgt_epi32(n_formats, f);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * v),
+                              _mm256_blendv_epi8(none, _mm256_or_si256(f, _mm256_slli_epi32(f, 28)),
+                                                 valid));
+          complete[v] = _mm256_and_si256(complete[v], valid);
         }
-        ids[c * kPickPlans + i] = f | f << 28;
       }
-      complete[i] = ok;
+    } else {
+      for (int64_t i = 0; i < kPickPlans; ++i) held[i] = -1;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < vectors * 8; ++i) {
+          int32_t f = kNone;
+          if (i < live_plans && rows[c] >= 0) {
+            const uint8_t id = a.prec[((p0 + i) * M + m) * L + rows[c]];
+            if (id < kFormats) f = id;
+            else held[i] = 0;
+          }
+          ids[c * kPickPlans + i] = f | f << 28;
+        }
+      for (int64_t v = 0; v < vectors; ++v)
+        complete[v] = _mm256_and_si256(
+            complete[v], _mm256_load_si256(reinterpret_cast<const __m256i*>(held + 8 * v)));
     }
     const int32_t* range = t.sum_start.data() + m * (Q + 1);
     for (int64_t q = 0; q < Q; ++q) {  // the terms, then the groups
@@ -1498,8 +1540,11 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
                                top[v]);
     }
-    for (int64_t v = 0; v < vectors; ++v) Store8(a.peak + m * k + p0 + 8 * v, top[v], lanes[v], store[v]);
-    for (int64_t i = 0; i < n; ++i) a.complete[m * k + p0 + i] = complete[i] != 0;
+    for (int64_t v = 0; v < vectors; ++v) {
+      Store8(a.peak + m * k + p0 + 8 * v, top[v], lanes[v], store[v]);
+      const int bits = _mm256_movemask_ps(_mm256_castsi256_ps(complete[v]));
+      for (int i = 0; i < lanes[v]; ++i) a.complete[m * k + p0 + 8 * v + i] = (bits >> i) & 1;
+    }
   }
 }
 #endif
@@ -1548,7 +1593,8 @@ ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buff
   const int64_t tiles = (k + kPickPlans - 1) / kPickPlans;
   ParallelChunks(tiles > 1 ? &pool : nullptr, tiles, [&](int64_t i) {
     if (isa >= kAvx512) PickTile(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
-    else PickTile2(a, t, i * kPickPlans, std::min(k, (i + 1) * kPickPlans));
+    else if ((i + 1) * kPickPlans <= k) PickTile2<true>(a, t, i * kPickPlans, (i + 1) * kPickPlans);
+    else PickTile2<false>(a, t, i * kPickPlans, k);
   });
   return ffi::Error::Success();
 #else
