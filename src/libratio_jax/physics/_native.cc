@@ -17,6 +17,8 @@
 //                      before fusion).
 // And one plain Python function, compact(): one host plan's (class, format) entries, what
 // rowclasses.compact_entries computes with NumPy (lj.evaluate's single-plan path).
+// Each kernel has a scalar path and vector paths for AVX2 and AVX-512 (the best the CPU has
+// at or below the cap limit_isa() sets: Isa()), except lj_picked_sums (AVX2 at least).
 // Every input is bounds-checked: an out-of-range grid entry reads as padding, a format id
 // outside [0, F) is not counted (lj_format_counts) or reads format 0 (lj_rows_stability).
 // Built by setup.py (an optional extension: without a compiler the package runs the XLA
@@ -572,6 +574,8 @@ ffi::Error FormatCounts(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
 // took 2-3x as long (2-core AMD EPYC of family 25, 65,536 reference plans, outputs already
 // mapped: ~40-50 -> ~21 ms, where writing the output alone takes ~15 ms: docs/performance.md,
 // thirty-fourth round). A tenant with more distinct scores than that is read by the gather.
+// With AVX2 (no two-table permute of 16 floats) a batch reads 8 plans' rows at a time from
+// the same columns (StabilityColumnsTileAvx2), other tenants by scalar code.
 
 #if LJ_X86
 constexpr int kLookupEntries = 256;  // 8 permutes of 32 scores
@@ -1174,10 +1178,11 @@ ffi::Error WeightedSums(ffi::ThreadPool pool, ffi::AnyBuffer counts, ffi::Buffer
 // (start clamped to [0, B]): sums f32[M, K, k], peak f32[M, k], grouped f32[M, G, k] (what
 // lj_weighted_sums gives of those plans' counts), picked f32[M, J, C, k] (each class's entry
 // of picks; 0 for a padding class or a row whose id is not in [0, F)), complete pred[M, k]
-// (lj_format_counts'). Plans past B - 1: zeros, not complete. AVX-512 only (native.py's
-// status says so): 16 plans to a vector, a class's entry of a field for 16 plans one permute
-// of the field's column over the formats (F <= 16) by their ids, so each (field, class) costs
-// a permute and an add per 16 plans, written batch-last as it comes.
+// (lj_format_counts'). Plans past B - 1: zeros, not complete. Vector paths only (AVX2 at
+// least; native.py's status says so). AVX-512: 16 plans to a vector, a class's entry of a
+// field for 16 plans one permute of the field's column over the formats (F <= 16) by their
+// ids, so each (field, class) costs a permute and an add per 16 plans, written batch-last as
+// it comes; AVX2: 8 plans to a vector, two permutes and a blend (PickTile2).
 
 constexpr int kPickPlans = 64;  // plans per task: 4 vectors of 16
 constexpr int kLanes = 16;
