@@ -40,34 +40,6 @@ def isa(request):
     native._extension.limit_isa(previous)
 
 
-@pytest.fixture(params=[level for level in ISA_LEVELS if level != "scalar"] or ["none"])
-def vector_isa(request):
-    """As ``isa``, the vector paths only (``lj_picked_sums`` has no scalar path)."""
-    if native._extension is None or request.param == "none":
-        pytest.skip(NATIVE.reason or "this CPU has no AVX2")
-    previous = native._extension.limit_isa(request.param)
-    yield request.param
-    native._extension.limit_isa(previous)
-
-
-def test_the_extension_is_built_where_a_compiler_is():
-    """``pip install`` builds the extension where a C++ compiler is found (setup.py: an
-    optional extension, which would otherwise fail silently), and on such a machine it
-    passes its self-check; the reason is empty only when every kernel is on."""
-    if os.environ.get(native.ENV_SWITCH, "1").strip() == "0":
-        assert not NATIVE.fence and native.ENV_SWITCH in NATIVE.reason
-        return
-    if not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("no C++ compiler here: the package runs the XLA forms")
-    assert native._extension is not None, NATIVE.reason
-    assert NATIVE.fence and NATIVE.rows and NATIVE.sums and NATIVE.compact, NATIVE.reason
-    assert NATIVE.counts == native._extension.cpu()["avx2"]
-    assert NATIVE.picks == native._extension.cpu()["avx2"]
-    assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence
-                                     and NATIVE.sums and NATIVE.picks and NATIVE.compact)
-    if platform.machine() not in ("x86_64", "AMD64"):
-        assert not NATIVE.counts
-
 
 def _numpy_counts(grid, ids):
     """``(counts [M, C, F, B], complete [M, B])`` by plain loops; grid entries outside
@@ -335,12 +307,13 @@ def _numpy_picks(grid, ids, table, peaks, weights, groups, picks, n_groups):
 
 @needs_picks
 @pytest.mark.parametrize("b,l", [(1, 14), (70, 16), (600, 23)])
-def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l, vector_isa):
+def test_native_picked_sums_equal_numpy_and_the_xla_form(monkeypatch, b, l, isa):
     """The sums, groups, peak, picks and completeness of one-row classes read from hostile
     ids in a hostile grid: as plain NumPy loops and as ``picked_sums``' XLA form (the counts'
     weighted sums and products, with the kernel off), sums up to float rounding, the rest
     exactly; whole and as a chunk past the batch's end; partial vectors of 16 plans, several
-    tasks (600), tenants of at most 16 rows (transposed 16 plans at a time) and of more."""
+    tasks (600), tenants of at most 16 rows (transposed 16 plans at a time) and of more. The
+    kernel has no scalar path: capped below AVX2 it keeps to AVX2."""
     rng = np.random.default_rng(b + l)
     args = _picks_inputs(rng, b, 3, l)
     want = _numpy_picks(*args, n_groups=5)
@@ -370,7 +343,7 @@ def _assert_picks_equal(out, want):
 
 @needs_picks
 @pytest.mark.parametrize("l", [14, 23])
-def test_native_picked_sums_of_a_chunk_read_in_place(l, vector_isa):
+def test_native_picked_sums_of_a_chunk_read_in_place(l, isa):
     """Chunks of a batch read where they lie, the last past the batch's end (plans 96 ..
     199 of 200, then empty slots): each chunk's results are the whole batch's, the slots
     past the end zeros and not complete."""
@@ -675,6 +648,12 @@ def test_the_isa_switch_caps_the_kernels(monkeypatch):
         assert capped.rows and capped.sums and capped.fence and capped.compact
         assert not capped.counts and not capped.picks
         assert f"{native.ISA_SWITCH}=scalar" in capped.reason
+        native.status.cache_clear()
+        monkeypatch.setenv(native.ISA_SWITCH, " AVX2 ")  # (any case, spaces around)
+        assert native.status() == NATIVE._replace(reason=native.status().reason)
+        assert native._extension.cpu()["isa"] == min(_DETECTED, "avx2", key=_ISAS.index)
+        with pytest.raises(ValueError, match="none of"):
+            native._extension.limit_isa("avx2\0scalar")  # (the whole name, not a prefix)
         native.status.cache_clear()
         monkeypatch.setenv(native.ISA_SWITCH, "sse9")
         wrong = native.status()

@@ -520,7 +520,7 @@ void CountAll(ffi::ThreadPool& pool, const uint8_t* p, const Grid& g, int64_t b,
       thread_local std::vector<uint8_t> copy, scratch;
       if (copy.size() < kTile2 * plan_bytes + 16) copy.resize(kTile2 * plan_bytes + 16);
       std::memcpy(copy.data(), p + size_t(p0) * plan_bytes, bytes);
-      std::memset(copy.data() + bytes, kNoFormat, copy.size() - bytes);
+      std::memset(copy.data() + bytes, kNoFormat, kTile2 * plan_bytes + 16 - bytes);
       if (scratch.size() < size_t(g.L + 16) * 32 + 32) scratch.resize(size_t(g.L + 16) * 32 + 32);
       uint8_t* rows = reinterpret_cast<uint8_t*>(
           (reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
@@ -1464,7 +1464,7 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
     copy.resize(kPickPlans * plan_bytes + 16);
     std::memcpy(copy.data(), a.prec + size_t(p0) * plan_bytes, size_t(live_plans) * plan_bytes);
     std::memset(copy.data() + size_t(live_plans) * plan_bytes, kNoFormat,
-                copy.size() - size_t(live_plans) * plan_bytes);
+                (kPickPlans - size_t(live_plans)) * plan_bytes + 16);
   }
   alignas(32) uint8_t by_row[2][16 * 32];  // [plans 0..31, 32..63][row][plan]
   alignas(32) int32_t held[kPickPlans];
@@ -1562,8 +1562,10 @@ ffi::Error PickedSums(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec, ffi::Buff
                       ffi::ResultBuffer<ffi::F32> grouped, ffi::ResultBuffer<ffi::F32> picked,
                       ffi::ResultBuffer<ffi::PRED> complete) {
 #if LJ_X86
-  const int isa = Isa();
-  if (isa < kAvx2) return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX2");
+  // No scalar path: a cap below AVX2 set after native.py's status turned this kernel on
+  // leaves it on AVX2 (status reads the cap once; LIBRATIO_NATIVE_ISA=scalar runs XLA's form).
+  if (DetectedIsa() < kAvx2) return ffi::Error::InvalidArgument("lj_picked_sums: needs AVX2");
+  const int isa = std::max(Isa(), int(kAvx2));
   const auto pd = prec.dimensions();
   const auto gd = grid.dimensions();
   const auto td = table.dimensions();
@@ -1899,14 +1901,15 @@ static PyObject* Cpu(PyObject*, PyObject*) {
 // from now on, in this process ("scalar", "avx2", "avx512", "avx512_vbmi"); a name not among
 // them raises ValueError.
 static PyObject* LimitIsa(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  Py_ssize_t size = 0;
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &size) : nullptr;
   if (!name) {
     PyErr_Clear();
     PyErr_SetString(PyExc_ValueError, "limit_isa: give an instruction set's name");
     return nullptr;
   }
   for (int level = kScalar; level <= kVbmi; ++level)
-    if (!std::strcmp(name, kIsaNames[level]))
+    if (size_t(size) == std::strlen(kIsaNames[level]) && !std::strcmp(name, kIsaNames[level]))
       return PyUnicode_FromString(kIsaNames[g_isa_cap.exchange(level)]);
   PyErr_Format(PyExc_ValueError, "limit_isa: %s is none of scalar, avx2, avx512, avx512_vbmi",
                name);

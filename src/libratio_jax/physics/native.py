@@ -90,7 +90,7 @@ def status() -> NativeStatus:
                             "the extension libratio_jax.physics._native is not built")
     from libratio_jax.physics import formats as F
 
-    isa = os.environ.get(ISA_SWITCH, "").strip()
+    isa = os.environ.get(ISA_SWITCH, "").strip().lower()
     if isa:
         try:
             _extension.limit_isa(isa)
@@ -110,8 +110,9 @@ def status() -> NativeStatus:
         return NativeStatus(False, False, False, False, False, False,
                             f"self-check failed: {type(e).__name__}: {e}")
     counts = picks = bool(cpu["avx2"])
-    reason = ("" if counts else f"{ISA_SWITCH}={isa}: counts and picked sums in XLA" if isa
-              else "this CPU has no AVX2: counts and picked sums in XLA")
+    reason = ("" if counts else "this CPU has no AVX2: counts and picked sums in XLA"
+              if cpu["detected"] == "scalar" else
+              f"{ISA_SWITCH}={isa}: counts and picked sums in XLA")
     if picks:  # checked apart: a failure turns this kernel off, not the others
         try:
             with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
