@@ -43,8 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import (add_output_args, gpu_class_path, native_isa, save_records,  # noqa: E402
-                    time_jitted)
+from common import add_output_args, gpu_class_path, native_isa, save_records, time_jitted  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402

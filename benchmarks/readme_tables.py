@@ -63,8 +63,9 @@ def _device(rec) -> str:
         machine = rec.get("host") or {}
         name = (f"{machine.get('cpu_count', '?')}-core CPU, {machine.get('cpu', '?')}"
                 if machine else "2-core CPU")
-        if machine.get("native_isa"):  # (recorded since the thirty-seventh round)
-            name += f", native kernels: {ISA_NAMES.get(machine['native_isa'], machine['native_isa'])}"
+        isa = machine.get("native_isa")  # (recorded since the thirty-seventh round)
+        if isa:
+            name += f", native kernels: {ISA_NAMES.get(isa, isa)}"
     if rec.get("host_memory") == "reused":  # evaluate_throughput's reused_memory_records
         return f"{name}, `lj.reuse_host_memory()`, inline dispatch"
     return name

@@ -40,6 +40,24 @@ def isa(request):
     native._extension.limit_isa(previous)
 
 
+def test_the_extension_is_built_where_a_compiler_is():
+    """``pip install`` builds the extension where a C++ compiler is found (setup.py: an
+    optional extension, which would otherwise fail silently), and on such a machine it
+    passes its self-check; the reason is empty only when every kernel is on."""
+    if os.environ.get(native.ENV_SWITCH, "1").strip() == "0":
+        assert not NATIVE.fence and native.ENV_SWITCH in NATIVE.reason
+        return
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler here: the package runs the XLA forms")
+    assert native._extension is not None, NATIVE.reason
+    assert NATIVE.fence and NATIVE.rows and NATIVE.sums and NATIVE.compact, NATIVE.reason
+    assert NATIVE.counts == native._extension.cpu()["avx2"]
+    assert NATIVE.picks == native._extension.cpu()["avx2"]
+    assert (NATIVE.reason == "") == (NATIVE.counts and NATIVE.rows and NATIVE.fence
+                                     and NATIVE.sums and NATIVE.picks and NATIVE.compact)
+    if platform.machine() not in ("x86_64", "AMD64"):
+        assert not NATIVE.counts
+
 
 def _numpy_counts(grid, ids):
     """``(counts [M, C, F, B], complete [M, B])`` by plain loops; grid entries outside
