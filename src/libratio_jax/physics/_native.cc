@@ -700,7 +700,6 @@ static_assert(sizeof(kColumnsFns) / sizeof(kColumnsFns[0]) == kLookupEntries / 3
 // fewer would not repay comparing the table with the kept copy.
 constexpr int64_t kColumnsPlans = 64;
 
-
 void StabilityColumnsScalar(const uint8_t* row, const float* scores, const int32_t* offset,
                             int F, int L, float* out) {
   for (int r = 0; r < L; ++r) out[r] = scores[offset[r] + (row[r] < unsigned(F) ? row[r] : 0u)];
@@ -744,10 +743,11 @@ LJ_AVX2 void StabilityColumnsTileAvx2(const uint8_t* first, size_t stride, const
                  s2 = _mm256_shuffle_ps(t5, t7, 0x44), s3 = _mm256_shuffle_ps(t5, t7, 0xEE),
                  s4 = _mm256_shuffle_ps(t8, ta, 0x44), s5 = _mm256_shuffle_ps(t8, ta, 0xEE),
                  s6 = _mm256_shuffle_ps(t9, tb, 0x44), s7 = _mm256_shuffle_ps(t9, tb, 0xEE);
-    const __m256 o[8] = {_mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
-                         _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
-                         _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
-                         _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+    const __m256 o[8] = {
+        _mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+        _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+        _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+        _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + j * out_stride + r0, o[j]);
   }
   for (int j = 0; j < 8 && r0 < L; ++j)  // the last rows (fewer than 8)
@@ -800,19 +800,20 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
     if (columns && isa == kAvx2 && F <= 16) {  // 8 plans at a time (the plans not kept after)
       for (; i + 8 <= end; i += 8)
         for (int64_t m = 0; m < M; ++m) {
-          bool any = false;
+          bool any = false;  // (a tile none of whose plans is kept is only copied)
           for (int64_t j = i; j < i + 8; ++j) any |= k[j * M + m];
-          if (!any) {
-          } else if (columns->pairs[m])
-            StabilityColumnsTileAvx2(p + (i * M + m) * L, size_t(M * L), columns->scores[m].data(),
-                                     columns->offset.data() + m * L, F, int(L),
-                                     o + (i * M + m) * L, size_t(M * L));
-          else
+          if (any && columns->pairs[m])
+            StabilityColumnsTileAvx2(p + (i * M + m) * L, size_t(M * L),
+                                     columns->scores[m].data(), columns->offset.data() + m * L,
+                                     F, int(L), o + (i * M + m) * L, size_t(M * L));
+          else if (any)
             for (int64_t j = i; j < i + 8; ++j)
-              StabilityRowsScalar(p + (j * M + m) * L, t + m * L, plane, F, int(L), o + (j * M + m) * L);
+              StabilityRowsScalar(p + (j * M + m) * L, t + m * L, plane, F, int(L),
+                                  o + (j * M + m) * L);
           for (int64_t j = i; j < i + 8; ++j)
             if (!k[j * M + m])
-              std::memcpy(o + (j * M + m) * L, t + fallback * plane + m * L, size_t(L) * sizeof(float));
+              std::memcpy(o + (j * M + m) * L, t + fallback * plane + m * L,
+                          size_t(L) * sizeof(float));
         }
     }
 #endif
@@ -826,7 +827,8 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
         const uint8_t* row = p + (i * M + m) * L;
 #if LJ_X86
         if (columns && columns->pairs[m]) {
-          const ColumnsFn fn = isa >= kAvx512 ? kColumnsFns[columns->pairs[m]] : StabilityColumnsScalar;
+          const ColumnsFn fn =
+              isa >= kAvx512 ? kColumnsFns[columns->pairs[m]] : StabilityColumnsScalar;
           fn(row, columns->scores[m].data(), columns->offset.data() + m * L, F, int(L), dst);
           continue;
         }
@@ -1012,10 +1014,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
   }
 }
 
-// AVX2: the same as SumsAvx512, 8 plans to a vector, one vector at a time (kSumRows
-// accumulators and the count, in 16 registers), the task's plans in runs of 8.
-
-
 // n (<= 8) counts from x as floats, zeros past them; nothing past x + n read.
 LJ_AVX2 inline __m256 LoadCounts8(const uint8_t* x, int n, __m256i) {
   uint64_t bytes = 0;
@@ -1028,6 +1026,8 @@ LJ_AVX2 inline __m256 LoadCounts8(const float* x, int n, __m256i mask) {
   return Load8(x, n, mask);
 }
 
+// AVX2: the same as SumsAvx512, 8 plans to a vector, one vector at a time (kSumRows
+// accumulators and the count, in 16 registers), the task's plans in runs of 8.
 template <typename T>
 LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, int64_t m,
                       int64_t p0, int plans) {
@@ -1035,7 +1035,8 @@ LJ_AVX2 void SumsAvx2(const T* counts, const SumsArgs& a, const HeldEntries& h, 
   const __m256 zero = _mm256_setzero_ps();
   // The held entries' counts of these plans first copied as floats, [n][kSumPlans] (~24 KB):
   // read in place, entries b apart, they fell in few cache sets (each read missed L1) and
-  // were converted once per pass and run of 8 (a 512-plan chunk: ~370 -> ~150 µs).
+  // were converted once per pass and run of 8 (a 512-plan chunk: ~370 -> ~306 µs a call in a
+  // loop, JAX's dispatch included).
   thread_local std::vector<float> store;
   store.resize(size_t(n) * kSumPlans + 8);
   float* local = reinterpret_cast<float*>(
@@ -1426,16 +1427,20 @@ void PickTile(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
 #endif
 
 #if LJ_X86
-// AVX2: PickTile with 8 plans to a vector. A field's column over the formats is two vectors
-// (formats 0..7 and 8..15); an id is stored as g = f | f << 28 (f: the id, or 15 for an id not
-// in [0, F) or no row: column slot 15 is 0, so such a class adds nothing and picks 0), whose
-// low 3 bits pick within each vector and whose sign bit (f's bit 3) picks the vector.
-LJ_AVX2 inline __m256 Lookup16(const float* column, __m256i g) {
+// A column's entries (16 floats, 32-byte aligned) at 8 plans' ids (`ids`: as PickTile2 keeps
+// them, below).
+LJ_AVX2 inline __m256 Lookup16(const float* column, const int32_t* ids) {
+  const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids));
   const __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(column), g);
   const __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(column + 8), g);
   return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(g));
 }
 
+// AVX2: PickTile with 8 plans to a vector (Full: a whole tile, the loops' bounds constant). A
+// field's column over the formats is two vectors (formats 0..7 and 8..15); an id is kept as
+// g = f | f << 28 (f: the id, or 15 for an id not in [0, F) or no row: column slot 15 is 0, so
+// such a class adds nothing and picks 0), whose low 3 bits pick within each vector and whose
+// sign bit (f's bit 3) picks the vector.
 template <bool Full>
 LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_t p1) {
   constexpr int kVectors = kPickPlans / 8;
@@ -1518,8 +1523,7 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
         const int32_t* g = ids + t.sum_class[s] * kPickPlans;
         const float* column = t.column + kLanes * int64_t(t.sum_slot[s]);
         for (int64_t v = 0; v < vectors; ++v)
-          acc[v] = _mm256_add_ps(acc[v], Lookup16(column, _mm256_loadu_si256(
-                                                            reinterpret_cast<const __m256i*>(g + 8 * v))));
+          acc[v] = _mm256_add_ps(acc[v], Lookup16(column, g + 8 * v));
       }
       float* out = q < K ? a.sums + (m * K + q) * k : a.grouped + (m * G + q - K) * k;
       for (int64_t v = 0; v < vectors; ++v) Store8(out + p0 + 8 * v, acc[v], lanes[v], store[v]);
@@ -1534,16 +1538,13 @@ LJ_AVX2 void PickTile2(const PickArgs& a, const PickTable& t, int64_t p0, int64_
         for (int64_t v = 0; v < vectors; ++v)
           Store8(out + 8 * v,
                  slot < 0 ? _mm256_setzero_ps()
-                          : Lookup16(t.column + kLanes * int64_t(slot),
-                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
+                          : Lookup16(t.column + kLanes * int64_t(slot), g + 8 * v),
                  lanes[v], store[v]);
       }
       const int32_t slot = t.peak_slot[m * C + c];
       if (slot < 0) continue;
       for (int64_t v = 0; v < vectors; ++v)  // max(x, top): top when both are zero (as above)
-        top[v] = _mm256_max_ps(Lookup16(t.column + kLanes * int64_t(slot),
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 * v))),
-                               top[v]);
+        top[v] = _mm256_max_ps(Lookup16(t.column + kLanes * int64_t(slot), g + 8 * v), top[v]);
     }
     for (int64_t v = 0; v < vectors; ++v) {
       Store8(a.peak + m * k + p0 + 8 * v, top[v], lanes[v], store[v]);
