@@ -781,7 +781,8 @@ ffi::Error RowsStability(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> prec,
   const bool* k = keep.typed_data();
   float* o = out->typed_data();
   AdviseHugePages(o, size_t(B) * plane * sizeof(float));
-  const int isa = plane < (int64_t{1} << 31) / std::max(F, 1) ? Isa() : int(kScalar);
+  [[maybe_unused]] const int isa =
+      plane < (int64_t{1} << 31) / std::max(F, 1) ? Isa() : int(kScalar);
 #if LJ_X86
   const Columns* columns = nullptr;
   if (isa >= kAvx2 && B >= kColumnsPlans) {
