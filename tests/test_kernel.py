@@ -539,6 +539,27 @@ def test_merged_batch_equals_single_plan_physics():
     chex.assert_trees_all_close(batched, single, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("full", [False, True])
+def test_plans_last_tenant_physics_equal_the_plan_by_plan_vmap(monkeypatch, full):
+    """The CPU's form of a chunk's tenant physics (each tenant's mapped over the plans, the
+    plans last: ``kernel._evaluate_counted_batch``) gives the metrics of the plan-by-plan
+    ``vmap`` the other platforms run, hostile plans included, chunked or not, merged rows
+    (picked sums) or full resolution (counts)."""
+    sc = _tiny_full_resolution() if full else lj.reference_scenario(block_groups=1)
+    plans = _spoiled(sample_plans(sc, 10, seed=3), np.int32)
+    outs = []
+    for last in (True, False):
+        monkeypatch.setattr(kernel, "_plans_last", lambda last=last: last)
+        for chunk in (kernel.CPU_CHUNK, 4):
+            monkeypatch.setattr(kernel, "CPU_CHUNK", chunk)
+            # (a fresh function: jit would reuse the trace of ``evaluate_batch`` itself)
+            outs.append(jax.jit(lambda p: kernel.evaluate_batch(sc, p))(plans))
+    assert 0.3 < np.asarray(outs[0].plan_valid).mean() < 1.0
+    assert outs[0].tokens_per_second.shape == (10, sc.num_tenants)
+    for other in outs[1:]:
+        chex.assert_trees_all_close(outs[0], other, rtol=1e-6)
+
+
 def test_own_classes_hold_each_merged_row_once():
     """``rowclasses.own_classes``: every valid row of a merged model is the one slot of its
     own class (padding rows and the classes past ``L`` hold none, their count 0), the
@@ -1139,7 +1160,8 @@ def test_chunked_batch_equals_single_pass(monkeypatch, full):
         plans = _spoiled(plans, np.int32)
     whole = jax.jit(kernel.evaluate_batch)(sc, plans)
     monkeypatch.setattr(kernel, "CPU_CHUNK", 4)  # 3 chunks, 2 padded plans
-    chunked = jax.jit(kernel.evaluate_batch)(sc, plans)
+    # (a fresh function: jit would reuse the trace of ``evaluate_batch`` itself)
+    chunked = jax.jit(lambda p: kernel.evaluate_batch(sc, p))(plans)
     chex.assert_trees_all_close(whole, chunked, rtol=1e-6)
 
 

@@ -368,6 +368,58 @@ def _evaluate_counted_fields(scenario: Scenario, fields: dict, fields_valid, cou
     return out.replace(layer_stability=None)  # the class model's, not the plan's rows
 
 
+def _evaluate_counted_batch(scenario: Scenario, models, fields: dict, fields_valid, counts,
+                            complete, sums: dict) -> Metrics:
+    """``jax.vmap`` of :func:`_evaluate_counted_fields` over a chunk of ``b`` plans, computed
+    with the plans last: ``fields`` and ``fields_valid`` ``[b, M]``, ``counts [M, C, F, b]``
+    (or None), ``complete [M, b]`` and ``sums`` (``[M, b]`` leaves) as the class path has
+    them; the tenants' own metrics come back ``[M, b]`` (``_PLANS_LAST_AXES``), the
+    cluster's ``[b, ...]``. The same operations as the plan-by-plan vmap, each tenant's
+    physics mapped over the plans inside a map over the tenants, so that XLA's CPU kernels
+    run along the plans (8 floats a vector with AVX2) rather than along the 4 tenants of a
+    plan (a kernel with 4 innermost ran ~1.7x slower on one core: docs/performance.md,
+    thirty-eighth round)."""
+    c = scenario.cluster
+    fields, valid = jax.vmap(lambda f, v, ok: gate_fields(scenario, f, v, ok),
+                             in_axes=(0, 0, 1))(fields, fields_valid, complete)
+    # the gated fields transposed once, [M, b] (else each kernel that reads one transposes it)
+    fields, valid = native.fence(jax.tree.map(lambda x: x.T, (fields, valid)))
+    pool_idx, pools = _tenant_pools(c, fields["pool"])  # [M, b(, ...)]
+    per_field = [fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute",
+                                     "kv_precision", "micro_batch")]
+
+    def tenant(model, coarse, workload, present, pool, row_weight, tenant_sums, *tenant_fields):
+        return jax.vmap(_tenant_metrics,
+                        in_axes=(None, None, None, None, 0, None, None,
+                                 None if row_weight is None else -1,
+                                 None if tenant_sums is None else 0) + (0,) * 7)(
+            model, coarse, workload, present, pool, c.inlet_celsius, F.FORMAT_AXIS,
+            row_weight, tenant_sums, *tenant_fields)
+
+    per_tenant = jax.vmap(tenant, in_axes=(0, 0, 0, 0, 0, None if counts is None else 0,
+                                           None if sums is None else 0) + (0,) * 7)(
+        models, scenario.coarse_models, scenario.workloads, scenario.present, pools, counts,
+        sums, *per_field)  # [M, b] each
+    per_tenant["layer_stability"] = None  # (the class models', not the plan's rows)
+    return jax.vmap(_with_cluster, in_axes=(None, None, 1, 1, 1, 1),
+                    out_axes=_PLANS_LAST_AXES)(c, scenario.present, per_tenant,
+                                               fields["gpus"], pool_idx, valid)
+
+
+def _plans_last() -> bool:
+    """Whether the class path runs a chunk's tenant physics with the plans last
+    (:func:`_evaluate_counted_batch`): on the CPU, where XLA's kernels vectorize along the
+    innermost axis. Elsewhere the plan-by-plan ``vmap`` of :func:`_evaluate_counted_fields`,
+    as the GPU numbers were measured (the other form has not run on a GPU)."""
+    return jax.default_backend() == "cpu"
+
+
+# The plan axis of each field of :func:`_evaluate_counted_batch`'s Metrics: 1 for the tenants'
+# own ([M, b, ...]), 0 for the cluster's.
+_PLANS_LAST_AXES = Metrics(**{name: 0 if name in _WITH_CLUSTER_FIELDS else 1
+                              for name in _METRICS_NAMES})
+
+
 def _classes(scenario: Scenario) -> tuple:
     """``(class models [M, C, F], grid int32[M, C, S], class sizes float32[M, C])`` that the
     class path counts and sums a batch by: the row classes of a full-resolution scenario
@@ -850,7 +902,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
     if not _by_class(scenario):
         def chunk(p):
             return jax.vmap(lambda q: evaluate_one(scenario, q).replace(layer_stability=None))(p)
-        args, size = plan, cpu_chunk(m * l)
+        args, size, plans_last = plan, cpu_chunk(m * l), False
     else:
         # the class tables once, outside the chunks' loop
         classes = _classes(scenario)
@@ -863,6 +915,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
         # (65,536 plans, no layer_stability, alternating processes: 1.12-1.27 -> 1.62-2.26 M
         # plans/s; docs/performance.md, twenty-sixth round).
         picked = scenario.row_classes is None
+        plans_last = _plans_last()
         tables = _sum_tables(rows)  # (plan-independent: once, outside the chunks' loop)
         picks = _picks(scenario, rows) if picked else None
         in_place = (plan.precision.dtype == jnp.uint8 and _chunked(plan.precision.shape[0], size)
@@ -887,6 +940,9 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                 counts, complete = format_counts(grid, precision, start=start,
                                                  with_complete=True, compact=True, **opts)
                 sums = _class_row_sums(scenario, rows, tables, fields, counts)  # [M, b] each
+            if plans_last:
+                return _evaluate_counted_batch(scenario, classes[0], fields, fields_valid,
+                                               counts, complete, sums)
             return jax.vmap(functools.partial(_evaluate_counted_fields, scenario,
                                               models=classes[0]),
                             in_axes=(0, 0, 3, 1, 1))(fields, fields_valid, counts, complete,
@@ -899,7 +955,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                                             fence=native.fence))(plan),
                 jnp.arange(plan.precision.shape[0], dtype=jnp.int32) if in_place
                 else plan.precision)
-    out = map_chunks(chunk, args, size)
+    out = map_chunks(chunk, args, size, out_axes=_PLANS_LAST_AXES if plans_last else 0)
     if not layer_stability:
         return out
     # The per-row scores after the chunks, one elementwise pass over the batch. Inside them
@@ -925,15 +981,18 @@ def _chunked(b: int, chunk_size: int) -> bool:
     return jax.default_backend() == "cpu" and b > min(chunk_size, CPU_CHUNK)
 
 
-def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
+def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK, out_axes=0):
     """``fn(plans [b, ...])`` over plans ``[B, ...]`` (a ``Plan``, or any pytree of arrays
     with that leading axis): on CPU, batches larger than ``chunk_size`` run as a ``lax.map``
     over chunks of that many plans (padded with copies of the first plan, then cut);
-    elsewhere in one call."""
+    elsewhere in one call. ``out_axes``: where the plan axis is in each of ``fn``'s outputs
+    (an int, or a prefix of their tree, as ``jax.vmap``'s), moved to the front after the
+    chunks (one transpose of the batch's output, where a chunk's would be fused into its
+    kernels)."""
     b = jax.tree.leaves(plan)[0].shape[0]
     size = min(chunk_size, CPU_CHUNK)
     if not _chunked(b, chunk_size):
-        return fn(plan)
+        return _plans_first(fn(plan), out_axes, 0)
     n = -(-b // size)
     pad = n * size - b
 
@@ -942,8 +1001,17 @@ def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
             x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad,) + x.shape[1:])])
         return x.reshape((n, size) + x.shape[1:])
 
-    out = jax.lax.map(fn, jax.tree.map(chunk, plan))
+    out = _plans_first(jax.lax.map(fn, jax.tree.map(chunk, plan)), out_axes, 1)
     return jax.tree.map(lambda x: x.reshape((n * size,) + x.shape[2:])[:b], out)
+
+
+def _plans_first(out, out_axes, lead: int):
+    """``out`` with the plan axis of each leaf (``out_axes``, a prefix of its tree, counted
+    after ``lead`` leading axes) moved to axis ``lead``."""
+    def move(axis, tree):
+        return jax.tree.map(lambda x: jnp.moveaxis(x, lead + axis, lead), tree)
+
+    return jax.tree.map(move, out_axes, out)
 
 
 def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = True) -> Metrics:
