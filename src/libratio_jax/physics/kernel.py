@@ -373,8 +373,7 @@ def _evaluate_counted_batch(scenario: Scenario, models, fields: dict, fields_val
     """``jax.vmap`` of :func:`_evaluate_counted_fields` over a chunk of ``b`` plans, computed
     with the plans last: ``fields`` and ``fields_valid`` ``[b, M]``, ``counts [M, C, F, b]``
     (or None), ``complete [M, b]`` and ``sums`` (``[M, b]`` leaves) as the class path has
-    them; the tenants' own metrics come back ``[M, b]`` (``_PLANS_LAST_AXES``), the
-    cluster's ``[b, ...]``. The same operations as the plan-by-plan vmap, each tenant's
+    them; the metrics ``[b, ...]``, as the vmap's. The same operations, each tenant's
     physics mapped over the plans inside a map over the tenants, so that XLA's CPU kernels
     run along the plans (8 floats a vector with AVX2) rather than along the 4 tenants of a
     plan (a kernel with 4 innermost ran ~1.7x slower on one core: docs/performance.md,
@@ -400,10 +399,12 @@ def _evaluate_counted_batch(scenario: Scenario, models, fields: dict, fields_val
                                            None if sums is None else 0) + (0,) * 7)(
         models, scenario.coarse_models, scenario.workloads, scenario.present, pools, counts,
         sums, *per_field)  # [M, b] each
+    # Fenced, then transposed to [b, M] where they are written into the batch's outputs
+    # (unfenced, XLA fuses their physics into those writes, which run in the output's order)
+    per_tenant = native.fence({k: v for k, v in per_tenant.items() if k != "layer_stability"})
     per_tenant["layer_stability"] = None  # (the class models', not the plan's rows)
-    return jax.vmap(_with_cluster, in_axes=(None, None, 1, 1, 1, 1),
-                    out_axes=_PLANS_LAST_AXES)(c, scenario.present, per_tenant,
-                                               fields["gpus"], pool_idx, valid)
+    return jax.vmap(_with_cluster, in_axes=(None, None, 1, 1, 1, 1))(
+        c, scenario.present, per_tenant, fields["gpus"], pool_idx, valid)
 
 
 def _plans_last() -> bool:
@@ -412,12 +413,6 @@ def _plans_last() -> bool:
     innermost axis. Elsewhere the plan-by-plan ``vmap`` of :func:`_evaluate_counted_fields`,
     as the GPU numbers were measured (the other form has not run on a GPU)."""
     return jax.default_backend() == "cpu"
-
-
-# The plan axis of each field of :func:`_evaluate_counted_batch`'s Metrics: 1 for the tenants'
-# own ([M, b, ...]), 0 for the cluster's.
-_PLANS_LAST_AXES = Metrics(**{name: 0 if name in _WITH_CLUSTER_FIELDS else 1
-                              for name in _METRICS_NAMES})
 
 
 def _classes(scenario: Scenario) -> tuple:
@@ -955,7 +950,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
                                             fence=native.fence))(plan),
                 jnp.arange(plan.precision.shape[0], dtype=jnp.int32) if in_place
                 else plan.precision)
-    out = map_chunks(chunk, args, size, out_axes=_PLANS_LAST_AXES if plans_last else 0)
+    out = map_chunks(chunk, args, size)
     if not layer_stability:
         return out
     # The per-row scores after the chunks, one elementwise pass over the batch. Inside them
@@ -981,18 +976,15 @@ def _chunked(b: int, chunk_size: int) -> bool:
     return jax.default_backend() == "cpu" and b > min(chunk_size, CPU_CHUNK)
 
 
-def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK, out_axes=0):
+def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK):
     """``fn(plans [b, ...])`` over plans ``[B, ...]`` (a ``Plan``, or any pytree of arrays
     with that leading axis): on CPU, batches larger than ``chunk_size`` run as a ``lax.map``
     over chunks of that many plans (padded with copies of the first plan, then cut);
-    elsewhere in one call. ``out_axes``: where the plan axis is in each of ``fn``'s outputs
-    (an int, or a prefix of their tree, as ``jax.vmap``'s), moved to the front after the
-    chunks (one transpose of the batch's output, where a chunk's would be fused into its
-    kernels)."""
+    elsewhere in one call."""
     b = jax.tree.leaves(plan)[0].shape[0]
     size = min(chunk_size, CPU_CHUNK)
     if not _chunked(b, chunk_size):
-        return _plans_first(fn(plan), out_axes, 0)
+        return fn(plan)
     n = -(-b // size)
     pad = n * size - b
 
@@ -1001,17 +993,8 @@ def map_chunks(fn, plan, chunk_size: int = CPU_CHUNK, out_axes=0):
             x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pad,) + x.shape[1:])])
         return x.reshape((n, size) + x.shape[1:])
 
-    out = _plans_first(jax.lax.map(fn, jax.tree.map(chunk, plan)), out_axes, 1)
+    out = jax.lax.map(fn, jax.tree.map(chunk, plan))
     return jax.tree.map(lambda x: x.reshape((n * size,) + x.shape[2:])[:b], out)
-
-
-def _plans_first(out, out_axes, lead: int):
-    """``out`` with the plan axis of each leaf (``out_axes``, a prefix of its tree, counted
-    after ``lead`` leading axes) moved to axis ``lead``."""
-    def move(axis, tree):
-        return jax.tree.map(lambda x: jnp.moveaxis(x, lead + axis, lead), tree)
-
-    return jax.tree.map(move, out_axes, out)
 
 
 def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = True) -> Metrics:
