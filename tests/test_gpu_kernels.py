@@ -279,11 +279,12 @@ def test_fence_is_an_optimization_barrier_off_the_cpu():
 
 def test_batch_path_lowers_for_cuda_with_the_kernel(monkeypatch):
     """``evaluate_batch`` at full resolution, as a GPU host would trace it (the kernel
-    available), lowers for CUDA: the fused kernel in it, the fences as barriers, no native
-    CPU kernel."""
+    available, the tenants' physics plan by plan: ``kernel._plans_last`` is False there),
+    lowers for CUDA: the fused kernel in it, the fences as barriers, no native CPU kernel."""
     from jax import export
 
     monkeypatch.setattr(G, "available", lambda: True)
+    monkeypatch.setattr(kernel, "_plans_last", lambda: False)
     sc = lj.reference_scenario()
     plans = jax.tree.map(jnp.asarray, sample_plans(sc, 100, seed=0))
     fn = jax.jit(functools.partial(kernel.evaluate_batch, layer_stability=True))

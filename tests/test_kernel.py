@@ -539,14 +539,16 @@ def test_merged_batch_equals_single_plan_physics():
     chex.assert_trees_all_close(batched, single, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("full", [False, True])
-def test_plans_last_tenant_physics_equal_the_plan_by_plan_vmap(monkeypatch, full):
+@pytest.mark.parametrize("full,dtype", [(False, np.int32), (True, np.int32),
+                                        (True, np.uint8)])
+def test_plans_last_tenant_physics_equal_the_plan_by_plan_vmap(monkeypatch, full, dtype):
     """The CPU's form of a chunk's tenant physics (each tenant's mapped over the plans, the
     plans last: ``kernel._evaluate_counted_batch``) gives the metrics of the plan-by-plan
     ``vmap`` the other platforms run, hostile plans included, chunked or not, merged rows
-    (picked sums) or full resolution (counts)."""
+    (picked sums) or full resolution (counts; one-byte plans counted in place when
+    chunked)."""
     sc = _tiny_full_resolution() if full else lj.reference_scenario(block_groups=1)
-    plans = _spoiled(sample_plans(sc, 10, seed=3), np.int32)
+    plans = _spoiled(sample_plans(sc, 10, seed=3), dtype)
     outs = []
     for last in (True, False):
         monkeypatch.setattr(kernel, "_plans_last", lambda last=last: last)

@@ -117,8 +117,9 @@ def format_counts(grid, precision, *, with_complete: bool = False, start=None,
     ``precision [B, M, L]`` (any numeric dtype), the batch axis last: the counts' only
     consumers are contractions over ``(classes, F)`` and elementwise terms that broadcast
     per-plan scalars over them, both of which read the batch as the minor, vectorized axis
-    (``physics.kernel.evaluate_batch`` maps over it with ``vmap(..., in_axes=3)``; a copy
-    back to ``[B, M, classes, F]`` cost ~0.5 µs per plan). Ids outside ``[0, F)``, and
+    (``physics.kernel.evaluate_batch`` maps over it with ``vmap(..., in_axes=3)``, or on the
+    CPU over the tenants and then the plans, the last axis; a copy back to ``[B, M, classes,
+    F]`` cost ~0.5 µs per plan). Ids outside ``[0, F)``, and
     non-integral values, are not counted (compare the total with the class sizes to flag
     them). ``with_complete``: also return ``bool[M, B]``, whether every row of the tenant
     was counted. On the CPU the native kernel counts (``physics.native``), elsewhere
