@@ -252,6 +252,10 @@ def _tenant_pools(cluster, pool_field):
     return pool_idx, pools
 
 
+# The sanitized fields :func:`_tenant_metrics` takes after its sums, in its order.
+_TENANT_FIELDS = ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision", "micro_batch")
+
+
 def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fields,
                       plan_valid, row_weight=None, sums=None) -> Metrics:
     """Metrics of sanitized ``fields`` (``[M]`` each) with the row formats ``precision`` of
@@ -266,8 +270,7 @@ def _evaluate_tenants(scenario: Scenario, models, precision, precision_axis, fie
                                    None if sums is None else 0) + (0,) * 7)(
         models, scenario.coarse_models, scenario.workloads, scenario.present, pools,
         c.inlet_celsius, precision, row_weight, sums,
-        *(fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute", "kv_precision",
-                              "micro_batch")))
+        *(fields[f] for f in _TENANT_FIELDS))
     return _with_cluster(c, scenario.present, per_tenant, fields["gpus"], pool_idx, plan_valid)
 
 
@@ -384,8 +387,7 @@ def _evaluate_counted_batch(scenario: Scenario, models, fields: dict, fields_val
     # the gated fields transposed once, [M, b] (else each kernel that reads one transposes it)
     fields, valid = native.fence(jax.tree.map(lambda x: x.T, (fields, valid)))
     pool_idx, pools = _tenant_pools(c, fields["pool"])  # [M, b(, ...)]
-    per_field = [fields[f] for f in ("gpus", "tp", "pp", "zero_stage", "recompute",
-                                     "kv_precision", "micro_batch")]
+    per_field = [fields[f] for f in _TENANT_FIELDS]
 
     def tenant(model, coarse, workload, present, pool, row_weight, tenant_sums, *tenant_fields):
         return jax.vmap(_tenant_metrics,
@@ -897,7 +899,7 @@ def evaluate_batch(scenario: Scenario, plan: Plan, *, layer_stability: bool = Tr
     if not _by_class(scenario):
         def chunk(p):
             return jax.vmap(lambda q: evaluate_one(scenario, q).replace(layer_stability=None))(p)
-        args, size, plans_last = plan, cpu_chunk(m * l), False
+        args, size = plan, cpu_chunk(m * l)
     else:
         # the class tables once, outside the chunks' loop
         classes = _classes(scenario)
