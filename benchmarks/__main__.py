@@ -78,14 +78,18 @@ def plot(folder: str, out: str | None = None) -> str:
             series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
             shape[key] = r["tenants"]
     fig, ax = plt.subplots(figsize=(10.5, 4.4), dpi=100)
-    for k, ((kind, layers, lean), pts) in enumerate(sorted(series.items())):
+    # one colour per device; the marker says the rows per model, a dotted line no
+    # layer_stability (colours would repeat past ten series)
+    colours = {kind: f"C{k}" for k, kind in enumerate(sorted({key[0] for key in series}))}
+    markers = dict(zip(sorted({key[1] for key in series}), "s^oDv*", strict=False))
+    for (kind, layers, lean), pts in sorted(series.items()):
         pts = sorted(set(pts))
         label = f"{kind}, {layers} rows/model" + (", no layer_stability" if lean else "")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{k}", label=label,
-                linestyle=":" if lean else "-")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers.get(layers, "o"),
+                color=colours[kind], label=label, linestyle=":" if lean else "-")
         limit = hbm_limit(kind, shape[(kind, layers, lean)], layers)
         if limit and not lean:
-            ax.axhline(limit, linestyle="--", color=f"C{k}", linewidth=1,
+            ax.axhline(limit, linestyle="--", color=colours[kind], linewidth=1,
                        label=f"HBM limit, {layers} rows ({limit:.2g}/s)")
     ax.set_xscale("log")
     ax.set_yscale("log")
