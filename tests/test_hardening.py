@@ -465,6 +465,38 @@ def test_leaf_reader_gives_the_leaves_of_unpack():
                 np.testing.assert_array_equal(x, y)
 
 
+
+def test_joined_bytes_come_back_bit_for_bit():
+    """``join_bytes`` (one host plan's packed outputs as one buffer, inside ``jit``) and
+    ``split_bytes`` give back every array bit for bit, NaN payloads, infinities, -0.0 and
+    integer extremes included, in the given order and dtypes; over ``max_bytes``, or one
+    array alone, they are left as they are."""
+    from libratio_jax.physics.packing import join_bytes, split_bytes
+
+    special = np.array([np.nan, -np.inf, np.inf, -0.0, 1e-45, 3.4e38], np.float32)
+    special = np.concatenate([special, np.frombuffer(b"\x01\x00\xc0\x7f", np.float32)])
+    arrays = [np.array([True, False, True]), special,
+              np.array([np.iinfo(np.int32).min, -1, np.iinfo(np.int32).max], np.int32),
+              np.array([0, 255], np.uint8), np.array([1.5, -np.inf], np.float16)]
+    layout = []
+
+    def joined(*xs):
+        parts, out = join_bytes(xs, 512)
+        layout.append(parts)
+        return out
+
+    out = jax.jit(joined)(*arrays)
+    assert len(out) == 1 and out[0].dtype == np.uint8
+    got = split_bytes(layout[0])(np.asarray(out[0]))
+    assert [x.dtype for x in got] == [x.dtype for x in arrays]
+    assert all(cut.start % dtype.itemsize == 0 for dtype, cut in layout[0])  # aligned views
+    for x, y in zip(got, arrays, strict=True):
+        assert x.tobytes() == y.tobytes()
+    for xs, max_bytes in ((arrays, 40), (arrays[:1], 512)):
+        parts, out = join_bytes([jnp.asarray(x) for x in xs], max_bytes)
+        assert parts is None and len(out) == len(xs)
+
+
 class _EqRaises(str):
     def __eq__(self, other):
         raise RuntimeError("no comparing me")

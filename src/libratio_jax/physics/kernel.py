@@ -36,7 +36,7 @@ from libratio_jax.physics.memory import (
     memory_row_terms,
     tenant_memory,
 )
-from libratio_jax.physics.packing import leaf_reader, pack, unpack
+from libratio_jax.physics.packing import join_bytes, leaf_reader, pack, split_bytes, unpack
 from libratio_jax.physics.plan import (
     INT_FIELDS,
     INT_LIMIT,
@@ -1022,7 +1022,8 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     its arguments. With inline CPU dispatch
     (:func:`~libratio_jax.physics.cpu_dispatch.inline_cpu_dispatch`), on ``device`` (below),
     and by its pairs with either dispatch, one host plan also comes back packed (a few
-    arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each) and is
+    arrays of at most ``SEQUENTIAL_BUFFER_BYTES`` instead of 29, about 1 µs each, joined
+    into one byte buffer where they fit in that size: ``packing.join_bytes``) and is
     unpacked into NumPy views on the host: the outputs' shapes follow from ``(batch_shape,
     m, l, n_pools)``, so every trace of the program has the same packed layout.
     ``entry_capacity``: one plan as its
@@ -1063,12 +1064,13 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         if not pack_outputs:
             return out
         layout, arrays = pack(out, max_bytes=SEQUENTIAL_BUFFER_BYTES, xp=jnp)
-        if outputs and outputs[0] != layout:  # (m, l, n_pools) fix the shapes: cannot happen
+        parts, arrays = join_bytes(arrays, SEQUENTIAL_BUFFER_BYTES)  # (one buffer if small)
+        if outputs and outputs[0] != (layout, parts):  # (m, l, n_pools) fix the shapes
             raise RuntimeError("evaluate: a retrace changed the packed outputs' layout")
         if not outputs:  # read back field by field in ``call``: Metrics, then ``broken``
             if len(layout[1]) != _METRICS_FIELDS - (not layer_stability) + check_rules:
                 raise RuntimeError("evaluate: unexpected packed outputs")
-            outputs.append(layout)
+            outputs.append((layout, parts))
         return arrays
 
     if device is None:
@@ -1081,9 +1083,13 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 
     def call(scenario, plan):
         arrays = program(scenario, plan)
-        if len(outputs) == 1:  # traced: its reader, once
-            outputs.append(leaf_reader(outputs[0]))
-        leaves = outputs[1]([np.asarray(a) for a in arrays])
+        if len(outputs) == 1:  # traced: its readers, once
+            layout, parts = outputs[0]
+            outputs.append(leaf_reader(layout))
+            outputs.append(None if parts is None else split_bytes(parts))
+        arrays = ([np.asarray(a) for a in arrays] if outputs[2] is None
+                  else outputs[2](np.asarray(arrays[0])))
+        leaves = outputs[1](arrays)
         # Metrics made directly (its fields in order): unflattening the tree costs ~3x more
         if not layer_stability:
             leaves.insert(_LAYER_STABILITY, None)
