@@ -465,7 +465,6 @@ def test_leaf_reader_gives_the_leaves_of_unpack():
                 np.testing.assert_array_equal(x, y)
 
 
-
 def test_joined_bytes_come_back_bit_for_bit():
     """``join_bytes`` (one host plan's packed outputs as one buffer, inside ``jit``) and
     ``split_bytes`` give back every array bit for bit, NaN payloads, infinities, -0.0 and
