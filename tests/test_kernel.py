@@ -1111,6 +1111,49 @@ def test_single_host_plans_unpack_by_their_own_layout(monkeypatch):
         kernel._program.cache_clear()  # programs made while forced: gone
 
 
+
+def test_threads_calling_a_new_host_program_at_once_all_read_it(monkeypatch):
+    """Threads making the readers of a new host program's joined outputs at the same time
+    (the window widened: its byte splitter made slowly) each read whole metrics, the first
+    calls and every later one."""
+    import threading
+    import time
+
+    from libratio_jax.physics.packing import split_bytes
+
+    monkeypatch.setattr(kernel, "_inline_dispatch", lambda: True)  # forced: the backend is up
+    monkeypatch.setattr(kernel, "split_bytes", lambda parts: time.sleep(0.05) or split_bytes(parts))
+    sc = lj.reference_scenario(block_groups=1)
+    plan = jax.tree.map(lambda x: np.asarray(x)[0].astype(np.int32), sample_plans(sc, 1, seed=0))
+    want = jax.tree.map(lambda x: x[0], lj.evaluate(sc, jax.tree.map(lambda x: x[None], plan),
+                                                    layer_stability=False))
+    layout, arrays = kernel._packed_scenario(sc)
+    vector = kernel._plan_vector(plan.precision, [getattr(plan, f) for f in kernel.INT_FIELDS])
+    m, l = plan.precision.shape
+    call = kernel._program.__wrapped__((), m, l, sc.cluster.gpu_count.shape[-1], layout, True,
+                                       False, 0, True, None)  # uncached: a new program
+    call.lower(arrays, vector)  # traced, no readers yet
+    start, results = threading.Barrier(4), []
+
+    def run():
+        start.wait()
+        try:
+            results.append(call(arrays, vector))
+        except Exception as e:  # noqa: BLE001 (any error is the failure)
+            results.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.append(call(arrays, vector))
+    for got in results:
+        assert not isinstance(got, Exception), got
+        out, broken = got
+        assert not broken
+        chex.assert_trees_all_close(out, want, rtol=1e-5, atol=1e-6)
+
 def _check_layouts():
     tenants = [lj.Tenant("Llama-3.2-1B", dict(mode="serve", batch=32, seq_len=4096))]
     pools = {3: {"H100-SXM": 8, "A100-80GB": 8, "L40S": 4}, 2: {"H100-SXM": 8, "A100-80GB": 8}}

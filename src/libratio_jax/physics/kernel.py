@@ -1042,7 +1042,9 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
     # does a program on the synchronous device: its caller reads them on the host.
     pack_outputs = (packed_plan and not batch_shape and jax.default_backend() == "cpu"
                     and (_inline_dispatch() or entry_capacity > 0 or device is not None))
-    outputs: list = []  # the packed outputs' layout (set when traced), then its reader
+    # the packed outputs' (layout, parts) (set when traced), then their two readers as one
+    # pair (made before it is kept: threads making them at once each keep a whole pair)
+    outputs: list = []
 
     def run(scenario, plan):
         if scenario_layout is not None:
@@ -1083,13 +1085,12 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
 
     def call(scenario, plan):
         arrays = program(scenario, plan)
-        if len(outputs) == 1:  # traced: its readers, once
+        if len(outputs) == 1:  # traced: its readers
             layout, parts = outputs[0]
-            outputs.append(leaf_reader(layout))
-            outputs.append(None if parts is None else split_bytes(parts))
-        arrays = ([np.asarray(a) for a in arrays] if outputs[2] is None
-                  else outputs[2](np.asarray(arrays[0])))
-        leaves = outputs[1](arrays)
+            outputs.append((leaf_reader(layout), None if parts is None else split_bytes(parts)))
+        read, split = outputs[1]
+        leaves = read([np.asarray(a) for a in arrays] if split is None
+                      else split(np.asarray(arrays[0])))
         # Metrics made directly (its fields in order): unflattening the tree costs ~3x more
         if not layer_stability:
             leaves.insert(_LAYER_STABILITY, None)
