@@ -100,6 +100,7 @@ def plot(folder: str, out: str | None = None) -> str:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes
     fig.tight_layout()
     path = out or os.path.join(folder, "plans_per_second.png")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # (a fresh clone)
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -37,3 +37,20 @@ def test_result_tables_are_generated_from_the_results_files():
     for path in tables.DOCUMENTS:
         text = pathlib.Path(path).read_text(encoding="utf-8")
         assert tables.render(text) == text, path
+
+
+def test_the_plot_of_the_committed_results_makes_its_folder(tmp_path):
+    """``python -m benchmarks --only plot`` on a fresh clone (no ``runs/benchmarks/`` yet):
+    the plot of every committed ``evaluate_throughput_*.json`` is written as a PNG, its
+    folder made (it raised FileNotFoundError before)."""
+    import importlib.util
+
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location(
+        "benchmarks_main", ROOT / "benchmarks" / "__main__.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    folder = tmp_path / "runs" / "benchmarks"  # (not made)
+    path = bench.plot(str(folder))
+    assert pathlib.Path(path) == folder / "plans_per_second.png"
+    assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
