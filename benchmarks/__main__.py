@@ -1,7 +1,8 @@
 """Run every throughput benchmark and plot plans/s vs batch size.
 
-    python -m benchmarks            # CPU defaults, ~6 minutes on 2 cores
-    python -m benchmarks --quick    # smaller batches, ~2 minutes
+    python -m benchmarks            # CPU defaults, ~7 minutes on 2 cores
+    python -m benchmarks --quick    # smaller batches, one process per single-call form, ~4
+                                    # minutes (6:54 and 3:55 on an AMD EPYC, family 26)
     python -m benchmarks --only evaluate plot
 
 Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
@@ -12,7 +13,8 @@ core), ``search`` (search_throughput.py: the
 team reward of a batch and a CEM search), ``sharded`` (sharded_throughput.py, in a
 fresh interpreter with one host device per core on CPU), then ``plot``: every
 ``benchmarks/results/evaluate_throughput_*.json`` present (this machine's and any committed GPU
-run) as ``benchmarks/results/plans_per_second.png``, plans/s vs batch per device and model
+run) as ``plans_per_second.png`` beside the results (``runs/benchmarks/``, or
+``benchmarks/results/`` with ``--save-results``), plans/s vs batch per device and model
 resolution, with the memory-bandwidth limit of each GPU (HBM bytes/s / bytes of one plan) as a
 dashed line. Each benchmark prints its JSON lines and writes ``runs/benchmarks/*.json`` (not
 tracked), or with ``--save-results`` the committed ``benchmarks/results/*.json`` that the
@@ -119,8 +121,9 @@ def main(argv=None) -> None:
     if "evaluate" in args.only:
         import evaluate_throughput
 
-        evaluate_throughput.main(["--batches", *(["1", "4096"] if quick else
-                                                 ["1", "4096", "65536"]), *save])
+        # (--quick: one fresh process per single-call form instead of the fastest of three)
+        evaluate_throughput.main(["--batches", *(["1", "4096", "--single-call-trials", "1"]
+                                                 if quick else ["1", "4096", "65536"]), *save])
     if "rowstats" in args.only:
         import row_statistics
 
