@@ -12,7 +12,8 @@ stepping one request at a time. Prints one JSON line per (mode, sessions): aggre
 errors (refused or failed sessions, with examples), episodes. The server runs in
 its own process on the same machine as the clients (they share its 2 cores); each run starts
 after a warm-up episode (the task's compile is not timed). ``--plot`` writes
-``benchmarks/results/server_load.png`` (steps/s and p99 against sessions).
+``server_load.png`` (steps/s and p99 against sessions) beside the records: in
+``runs/benchmarks/``, or in ``benchmarks/results/`` with ``--save-results`` (the README's).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import RESULTS, add_output_args, save_records  # noqa: E402
+from common import add_output_args, save_records  # noqa: E402
 
 REPLY = '{"precision_strategy": {"embedding": "FP32", "attention": "BF16", "ffn": "FP8"}}'
 
@@ -104,9 +105,9 @@ def main(argv=None) -> list[dict]:
                        **out}
                 print(json.dumps(rec), flush=True)
                 records.append(rec)
-    save_records("server_load", records, args.out, args.save_results)
+    path = save_records("server_load", records, args.out, args.save_results)
     if args.plot:
-        plot(records, os.path.join(RESULTS, "server_load.png"))
+        plot(records, os.path.join(os.path.dirname(os.path.abspath(path)), "server_load.png"))
     return records
 
 
