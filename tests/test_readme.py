@@ -39,17 +39,28 @@ def test_result_tables_are_generated_from_the_results_files():
         assert tables.render(text) == text, path
 
 
-def test_the_plot_of_the_committed_results_makes_its_folder(tmp_path):
+def test_the_plot_of_the_committed_results_makes_its_folder(tmp_path, monkeypatch):
     """``python -m benchmarks --only plot`` on a fresh clone (no ``runs/benchmarks/`` yet):
     the plot of every committed ``evaluate_throughput_*.json`` is written as a PNG, its
     folder made (it raised FileNotFoundError before)."""
     import importlib.util
+    import sys
 
     pytest.importorskip("matplotlib")
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks_main", ROOT / "benchmarks" / "__main__.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    # The runner imports the benchmarks' ``common`` and ``readme_tables`` by name; the
+    # experiments' ``common`` (tests/test_experiments.py) may already hold that name.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    kept = {name: sys.modules.pop(name, None) for name in ("common", "readme_tables")}
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "benchmarks_main", ROOT / "benchmarks" / "__main__.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        for name, module in kept.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
     folder = tmp_path / "runs" / "benchmarks"  # (not made)
     path = bench.plot(str(folder))
     assert pathlib.Path(path) == folder / "plans_per_second.png"
