@@ -57,28 +57,41 @@ def hbm_limit(device_kind: str, tenants: int, layers: int) -> float | None:
     return None
 
 
+def plot_series(folder: str) -> tuple[dict, dict]:
+    """What :func:`plot` draws: ``{(device, rows per model, without layer_stability):
+    [(batch, plans/s), ...]}`` and each key's tenant count, from the batch records of
+    ``folder``'s ``evaluate_throughput_*.json`` (this run's) and of the committed results of
+    the devices this run did not measure (e.g. a GPU run, another CPU): a device this run
+    measured is drawn from this run only, whatever its files are named. The single-call
+    records and those of a process with ``lj.reuse_host_memory()`` are left out (the plot is
+    the default's)."""
+    def batch_records(path: str) -> list:
+        with open(path) as f:
+            return [r for r in json.load(f) if not r.get("host_memory")
+                    and r.get("benchmark", "evaluate_throughput") == "evaluate_throughput"]
+
+    mine = [r for p in sorted(glob.glob(os.path.join(folder, "evaluate_throughput_*.json")))
+            for r in batch_records(p)]
+    measured = {_device(r) for r in mine}
+    committed = [] if os.path.abspath(folder) == os.path.abspath(RESULTS) else [
+        r for p in sorted(glob.glob(os.path.join(RESULTS, "evaluate_throughput_*.json")))
+        for r in batch_records(p) if _device(r) not in measured]
+    series: dict[tuple[str, int, bool], list[tuple[int, float]]] = {}
+    shape: dict[tuple[str, int, bool], int] = {}
+    for r in mine + committed:
+        key = (_device(r), r["layers"], not r.get("layer_stability", True))
+        series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
+        shape[key] = r["tenants"]
+    return series, shape
+
+
 def plot(folder: str, out: str | None = None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[tuple[str, int, bool], list[tuple[int, float]]] = {}
-    shape: dict[tuple[str, int, bool], int] = {}
-    # this run's records, and the committed ones of other platforms (e.g. a GPU run)
-    mine = sorted(glob.glob(os.path.join(folder, "evaluate_throughput_*.json")))
-    platforms = {os.path.basename(p) for p in mine}
-    committed = [p for p in sorted(glob.glob(os.path.join(RESULTS, "evaluate_throughput_*.json")))
-                 if os.path.basename(p) not in platforms]
-    for path in mine + committed:
-        for r in json.load(open(path)):
-            if r.get("benchmark", "evaluate_throughput") != "evaluate_throughput":
-                continue  # the single-call records
-            if r.get("host_memory"):
-                continue  # a process with lj.reuse_host_memory(): the plot is the default's
-            key = (_device(r), r["layers"], not r.get("layer_stability", True))
-            series.setdefault(key, []).append((r["batch"], r["plans_per_second"]))
-            shape[key] = r["tenants"]
+    series, shape = plot_series(folder)
     fig, ax = plt.subplots(figsize=(10.5, 4.4), dpi=100)
     # one colour per device; the marker says the rows per model, a dotted line no
     # layer_stability (colours would repeat past ten series)

@@ -65,3 +65,26 @@ def test_the_plot_of_the_committed_results_makes_its_folder(tmp_path, monkeypatc
     path = bench.plot(str(folder))
     assert pathlib.Path(path) == folder / "plans_per_second.png"
     assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # A local run of a device whose committed results have another file name (the committed
+    # family-26 file beside a run that writes evaluate_throughput_cpu.json, the family-25
+    # file's name): its series come from the local run alone, the other device's stay.
+    import json
+
+    committed = sorted((ROOT / "benchmarks" / "results").glob("evaluate_throughput_*.json"))
+    by_file = {p.name: [r for r in json.loads(p.read_text()) if not r.get("host_memory")
+                        and r.get("benchmark", "evaluate_throughput") == "evaluate_throughput"]
+               for p in committed}  # (the batch records the plot draws)
+    assert len(by_file) >= 2
+    kept_names = ("evaluate_throughput_cpu.json", "evaluate_throughput_gpu.json")
+    name, records = next((n, r) for n, r in by_file.items() if n not in kept_names)
+    local = [{**r, "plans_per_second": 1.0} for r in records]  # (told apart by their rate)
+    (folder / "evaluate_throughput_cpu.json").write_text(json.dumps(local))
+    series, _ = bench.plot_series(str(folder))
+    devices = {bench._device(r) for r in local}
+    others = {bench._device(r) for recs in by_file.values() for r in recs} - devices
+    assert others and others <= {key[0] for key in series}
+    for key, points in series.items():
+        if key[0] in devices:  # one point per batch, all the local run's
+            assert len({b for b, _ in points}) == len(points)
+            assert {rate for _, rate in points} == {1.0}, (name, key)
