@@ -2,7 +2,8 @@
 
     python -m benchmarks            # CPU defaults, ~7 minutes on 2 cores
     python -m benchmarks --quick    # smaller batches, one process per single-call form, ~4
-                                    # minutes (6:54 and 3:55 on an AMD EPYC, family 26)
+                                    # minutes (full 6:54, --quick 3:55 on an AMD EPYC of
+                                    # family 26)
     python -m benchmarks --only evaluate plot
 
 Runs, in order: ``evaluate`` (benchmarks/evaluate_throughput.py), ``rowstats``
@@ -125,7 +126,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
-    ap.add_argument("--quick", action="store_true", help="smaller batches")
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller batches, one process per single-call form")
     ap.add_argument("--save-results", action="store_true",
                     help="write the committed benchmarks/results/ (default: runs/benchmarks/)")
     args = ap.parse_args(argv)

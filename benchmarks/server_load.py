@@ -13,7 +13,8 @@ errors (refused or failed sessions, with examples), episodes. The server runs in
 its own process on the same machine as the clients (they share its 2 cores); each run starts
 after a warm-up episode (the task's compile is not timed). ``--plot`` writes
 ``server_load.png`` (steps/s and p99 against sessions) beside the records: in
-``runs/benchmarks/``, or in ``benchmarks/results/`` with ``--save-results`` (the README's).
+``runs/benchmarks/``, in ``benchmarks/results/`` with ``--save-results`` (the README's), or
+in the folder of ``--out``.
 """
 
 from __future__ import annotations
