@@ -9,6 +9,7 @@ benchmarks/measure_h100.py).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -39,7 +40,9 @@ def _load(path):
         return [json.loads(x) for x in f]
 
 
-def main():
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__,  # (no options: --help says what it prints)
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     recs = [(r, "given") for r in _load(GIVEN)] + [(r, "extra") for r in _load(EXTRA)]
     print("| source | model | mode | ckpt | batch x seq | peak GB meas | pred | err | "
           "tokens/s meas | pred | err |")
