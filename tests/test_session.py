@@ -306,3 +306,40 @@ def test_classic_sessions_share_one_compile():
     compiled = a.pool._step_fn._cache_size()
     b.step('{"precision_strategy": {"ffn": "BF16"}}')
     assert b.pool._step_fn._cache_size() == compiled
+
+
+def _same_state(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                                    strict=True))
+
+
+def test_seeds_that_differ_above_32_bits_play_their_own_episodes():
+    """A seed's key keeps all 64 bits (``physics.checks.seed_key``; ``PRNGKey`` alone keeps the
+    lower 32 without x64): seeds equal mod 2**32 play different episodes, and each seed
+    replays its own."""
+    seeds = [5, 5 + 2**32, 5 - 2**32]
+    pool = SessionPool(ENV, size=3, seed=0, params=PARAMS)
+    pool.reset(seeds=seeds)
+    pool.step([ONE] * 3)  # a round's drift and failures follow the episode's key
+    after = [pool.state(i) for i in range(3)]
+    assert not any(_same_state(after[i], after[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
+    pool.reset(seeds=seeds[::-1])
+    pool.step([ONE] * 3)
+    assert all(_same_state(pool.state(i), after[2 - i]) for i in range(3))
+
+
+def test_seed_keys_keep_prngkey_below_2_32_and_name_the_field_out_of_range():
+    from libratio_jax.physics.checks import SEED_RANGE, seed_key
+
+    for s in (0, 1, 7, 2**31 - 1, 2**31, 2**32 - 1):  # the keys (episodes) earlier releases made
+        np.testing.assert_array_equal(seed_key(s), jax.random.PRNGKey(s))
+    np.testing.assert_array_equal(seed_key(np.int64(9)), jax.random.PRNGKey(9))
+    # seeds that PRNGKey maps to one key (equal mod 2**32) get keys of their own
+    alike = [7, 7 + 2**32, 7 + 2**62, 7 - 2**32, 2**32 - 1, -1, SEED_RANGE[0], SEED_RANGE[1] - 1]
+    keys = {tuple(np.asarray(seed_key(s)).tolist()) for s in alike}
+    assert len(keys) == len(alike)
+    for bad in (SEED_RANGE[1], SEED_RANGE[0] - 1, 2**64, 2.5, "3", True, None, float("nan")):
+        with pytest.raises(ValueError, match="seeds"):
+            seed_key(bad, "seeds")
+    with pytest.raises(ValueError, match="seeds"):
+        SessionPool(ENV, size=1, seed=0, params=PARAMS).reset(seeds=[2**63])

@@ -104,7 +104,7 @@ def threshold_flag(key, obs, num_tenants: int) -> OversightFlag:
 def final_rewards(env, params, policies, n: int, seed: int = 0):
     """``[len(policies), n]`` each policy's final reward (the flag's, or the end's) and
     ``[n]`` the episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys
-    of ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
+    of ``seed_key(seed)`` (the same episodes for every policy; one jitted call)."""
     m = env.capacity.max_tenants
     rewards, done_before, first = play_policies(
         env, params, [lambda k, o, s, p=p: p(k, o, m) for p in policies], n, steps=WINDOWS,

@@ -140,7 +140,7 @@ def random_recovery(key, obs, state: RecoveryState) -> RecoveryAction:
 def episode_rewards(env, params, policies, n: int, seed: int = 0):
     """``[len(policies), n, len(PHASES)]`` each policy's reward per phase and ``[n]`` the
     episodes' ground-truth case (``CASES`` index), over ``n`` episodes from keys of
-    ``PRNGKey(seed)`` (the same episodes for every policy; one jitted call)."""
+    ``seed_key(seed)`` (the same episodes for every policy; one jitted call)."""
 
     rewards, _, first = play_policies(env, params, list(policies), n, steps=len(PHASES),
                                       seed=seed)

@@ -38,6 +38,7 @@ from libratio_jax.env.rlcluster import (
     RLClusterParams,
 )
 from libratio_jax.env.rlcluster.env import move_seconds, rank_layouts, safe_layouts
+from libratio_jax.physics.checks import seed_key
 
 FIFO, PROMPT_AWARE, PREDICTED, LA_MLFQ, C_MLFQ = (
     SCHEDULERS.index(s) for s in ("fifo", "prompt_aware", "predicted", "la_mlfq", "c_mlfq"))
@@ -142,7 +143,7 @@ def exhaustive(params: RLClusterParams):
 
 def play(env, params: RLClusterParams, policies, n: int, seed: int = 0):
     """``n`` whole episodes (``params.periods`` periods) of each policy (a list) from keys of
-    ``PRNGKey(seed)``: the same episodes for every policy. One jitted program (one compile of
+    ``seed_key(seed)``: the same episodes for every policy. One jitted program (one compile of
     the env): the policies run one after another (``lax.map`` over a ``switch``, so only the
     playing policy's branch runs). Returns ``(rewards [P, n, periods], extras)``: ``extras``
     holds the per-period :class:`~libratio_jax.env.rlcluster.Outcome` (fields
@@ -168,5 +169,5 @@ def play(env, params: RLClusterParams, policies, n: int, seed: int = 0):
         return jax.lax.map(lambda w: jax.vmap(episode, in_axes=(None, 0))(w, keys),
                            jnp.arange(len(policies)))
 
-    rewards, out, layout, valid = jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))
+    rewards, out, layout, valid = jax.jit(run)(jax.random.split(seed_key(seed), n))
     return rewards, {"outcome": out, "layout": layout, "valid": valid}

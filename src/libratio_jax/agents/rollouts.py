@@ -7,9 +7,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from libratio_jax.physics.checks import seed_key
+
 
 def play_policies(env, params, policies, n: int, *, steps: int, seed: int = 0):
-    """``n`` episodes from keys of ``PRNGKey(seed)``, reset once and played by every policy
+    """``n`` episodes from keys of ``seed_key(seed)``, reset once and played by every policy
     (``policy(key, obs, state) -> action``, jittable) for ``steps`` steps. Returns
     ``rewards [P, n, steps]``, ``done_before [P, n, steps]`` (the episode was over before that
     step) and the reset states ``[n, ...]``. One ``env.step`` in the program: the policies are
@@ -34,4 +36,4 @@ def play_policies(env, params, policies, n: int, *, steps: int, seed: int = 0):
             jnp.arange(len(policies)), k_run, obs, states)
         return rewards, done, states
 
-    return jax.jit(run)(jax.random.split(jax.random.PRNGKey(seed), n))
+    return jax.jit(run)(jax.random.split(seed_key(seed), n))

@@ -52,6 +52,7 @@ from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make, registered_envs
+from libratio_jax.physics.checks import seed_key
 from libratio_jax.text import codec as T
 from libratio_jax.text.session import SessionPool
 from libratio_jax.text.task import is_json_object
@@ -209,7 +210,7 @@ def play_baseline(env_name: str, baseline: Baseline, n: int, seed: int, *, max_t
     if baseline.act is not None:
         policy = baseline.act
         act = jax.jit(jax.vmap(lambda k, s: policy(k, s, env, params)))
-    key = jax.random.PRNGKey(seed)
+    key = seed_key(seed)
     for _ in range(max_turns):
         if pool.done.all():
             break

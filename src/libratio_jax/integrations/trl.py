@@ -79,7 +79,7 @@ def _recipes(n: int, seed: int, difficulty: str) -> list[ScenarioRecipe]:
     if difficulty not in SCENARIO_LEVELS:
         raise ValueError(f"difficulty must be one of {LEVELS}, got {difficulty!r}")
     gen = Generator(difficulty)
-    base = jax.random.PRNGKey(seed)
+    base = checks.seed_key(seed)
     return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
 
 
@@ -95,7 +95,7 @@ def _greedy(scenario) -> Plan:
 def build_dataset(n: int, seed: int = 0, difficulty: str = "medium", *,
                   agents: str = "joint", capacity: Capacity = DEFAULT_CAPACITY,
                   tokenizer=None, as_dataset: bool = False):
-    """``n`` prompt rows (scenario ``i`` from ``fold_in(PRNGKey(seed), i)``, as
+    """``n`` prompt rows (scenario ``i`` from ``fold_in(seed_key(seed), i)``, as
     :func:`~libratio_jax.scenarios.generate_bank`; ``difficulty="presets"`` cycles the
     seven presets).
 

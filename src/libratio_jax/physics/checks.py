@@ -64,3 +64,27 @@ def strict_bool(value: Any, field: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"{field} must be true or false, got {value!r}")
+
+
+SEED_RANGE = (-(2**63), 2**63)  # the seeds a PRNG key is made from: any signed 64-bit integer
+
+
+def seed_key(seed: Any, field: str = "seed"):
+    """The PRNG key of an integer ``seed`` in :data:`SEED_RANGE` (a ``ValueError`` naming
+    ``field`` otherwise): ``jax.random.PRNGKey(seed)`` for ``0 <= seed < 2**32``, and
+    ``fold_in(PRNGKey(seed mod 2**32), seed's upper 32 bits)`` beyond, so that every seed
+    has a key of its own. (``PRNGKey`` alone keeps the lower 32 bits when JAX runs without
+    64-bit integers: ``5`` and ``5 + 2**32`` would give the same episodes.)
+
+        >>> import jax
+        >>> np.array_equal(seed_key(7), jax.random.PRNGKey(7))
+        True
+        >>> np.array_equal(seed_key(7), seed_key(7 + 2**32))
+        False
+    """
+    import jax
+
+    s = integer(seed, field, SEED_RANGE[0], SEED_RANGE[1] - 1) % 2**64
+    low, high = s & 0xFFFFFFFF, s >> 32
+    key = jax.random.PRNGKey(low)
+    return key if high == 0 else jax.random.fold_in(key, high)

@@ -799,15 +799,15 @@ def _sample_plans(scenario, key, n: int, per_layer: bool) -> Plan:
 
 def sample_plans(scenario, n: int, seed: int = 0, *, per_layer: bool = True) -> Plan:
     """``n`` random plans ``[n, ...]`` that pass :func:`validate_plan`: :func:`random_valid_plan`
-    with keys from ``PRNGKey(seed)``, one jitted call (``per_layer``: a format per row rather
-    than per layer kind). Batches are drawn in power-of-two sizes (at least 64) and cut to
-    ``n``, so few sizes compile. The formats are stored as one byte per row (``precision``
-    uint8 ``[n, M, L]``; the other fields int32): a quarter of the memory of int32 ids, and
-    the dtype the full-resolution counting narrows ids to anyway (any integer dtype is
-    accepted)."""
+    with keys from ``checks.seed_key(seed)``, one jitted call (``per_layer``: a format per
+    row rather than per layer kind). Batches are drawn in power-of-two sizes (at least 64)
+    and cut to ``n``, so few sizes compile. The formats are stored as one byte per row
+    (``precision`` uint8 ``[n, M, L]``; the other fields int32): a quarter of the memory of
+    int32 ids, and the dtype the full-resolution counting narrows ids to anyway (any integer
+    dtype is accepted)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"sample_plans: n must be >= 1, got {n}")
     size = max(64, 1 << (n - 1).bit_length())
-    plans = _sample_plans(scenario, jax.random.PRNGKey(int(seed)), size, bool(per_layer))
+    plans = _sample_plans(scenario, checks.seed_key(seed), size, bool(per_layer))
     return plans if size == n else jax.tree.map(lambda x: x[:n], plans)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from libratio_jax.physics.checks import seed_key
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity, Scenario
 from libratio_jax.scenarios.recipe import ScenarioRecipe
 
@@ -114,7 +115,7 @@ def scenario_bank(scenarios: Sequence[Scenario]) -> Scenario:
 
 def generate_bank(level: str, n: int, seed: int = 0,
                   capacity: Capacity = DEFAULT_CAPACITY) -> Scenario:
-    """``n`` procedural scenarios of a level, stacked (keys ``fold_in(PRNGKey(seed), i)``)."""
+    """``n`` procedural scenarios of a level, stacked (keys ``fold_in(seed_key(seed), i)``)."""
     gen = Generator(level, capacity)
-    base = jax.random.PRNGKey(seed)
+    base = seed_key(seed)
     return scenario_bank([gen(jax.random.fold_in(base, i)) for i in range(n)])

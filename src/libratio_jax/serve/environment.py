@@ -17,10 +17,9 @@ from typing import Any
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
+from libratio_jax.physics.checks import SEED_RANGE
 from libratio_jax.serve.batcher import Hub, ServeError
 from libratio_jax.serve.models import LibratioAction, LibratioObservation, LibratioState
-
-SEED_RANGE = (-(2**63), 2**63)  # what a PRNG key can be made from
 
 
 def check_seed(seed) -> None:

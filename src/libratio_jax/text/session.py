@@ -48,6 +48,7 @@ from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.env.rlcluster import RLClusterEnv
+from libratio_jax.physics.checks import seed_key
 from libratio_jax.text import classic_tasks as CT
 from libratio_jax.text.codec import exact_text
 from libratio_jax.text.fleet_task import (
@@ -174,7 +175,7 @@ class SessionPool:
                                          if getattr(env, "params_only", False)
                                          else _compiled(env))
         self._states = None
-        self._keys = jax.random.split(jax.random.PRNGKey(seed), self.size)
+        self._keys = jax.random.split(seed_key(seed), self.size)
         self._host: list[Any] = [None] * self.size  # each session's state (NumPy)
         self._done = np.zeros(self.size, bool)
         self._rounds = np.zeros(self.size, np.int64)
@@ -197,7 +198,7 @@ class SessionPool:
         keys = np.array(self._keys)
         if seeds is not None:
             for i, s in zip(idx, seeds, strict=True):
-                keys[i] = np.asarray(jax.random.PRNGKey(int(s)))
+                keys[i] = np.asarray(seed_key(s, "seeds"))
         mask = np.zeros(self.size, bool)
         mask[idx] = True
         # An episode's reset key and its stream of step keys both derive from its key.
