@@ -39,6 +39,7 @@ from common import add_output_args, cem_reference, output_dir, recipes, result_p
 
 from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.policies import greedy_plan  # noqa: E402
+from libratio_jax.physics.checks import seed_key  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import team_reward_of, team_rewards  # noqa: E402
 from libratio_jax.rewards.ird import RULE_NAMES  # noqa: E402
@@ -104,7 +105,7 @@ def main(argv=None) -> dict:
         rnd_g, rnd_f, rnd_curve, gr_g, gr_f = [], [], [], [], []
         for i, r in enumerate(tqdm(rs, desc=f"random+greedy {name}", leave=False)):
             sc = r.build()
-            g, fired = random_fn(sc, jax.random.PRNGKey(args.seed + i), params)
+            g, fired = random_fn(sc, seed_key(args.seed + i), params)
             g, fired = np.asarray(g), np.asarray(fired)
             rnd_g.append(g.mean())
             rnd_f.append(fired)

@@ -80,10 +80,11 @@ def recipes(level: str, n: int, seed: int = EVAL_SEED):
     import jax
 
     from libratio_jax import scenarios as S
+    from libratio_jax.physics.checks import seed_key
 
     if level == "presets":
         return [S.preset_recipe(name) for name in S.PRESET_NAMES[:n]]
-    gen, base = S.Generator(level), jax.random.PRNGKey(seed)
+    gen, base = S.Generator(level), seed_key(seed)
     return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
 
 
@@ -99,6 +100,7 @@ def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int =
     from tqdm import tqdm
 
     from libratio_jax.agents.search import cem
+    from libratio_jax.physics.checks import seed_key
     from libratio_jax.rewards.compose import RewardParams
     from libratio_jax.rewards.difference import team_reward_of
 
@@ -111,7 +113,7 @@ def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int =
         key = hashlib.sha1(f"{r.to_json()}|{iterations}|{num_samples}|{seed}".encode()).hexdigest()
         if key not in cache:
             sc = r.build()
-            res = cem(sc, jax.random.PRNGKey(seed), iterations=iterations,
+            res = cem(sc, seed_key(seed), iterations=iterations,
                       num_samples=num_samples)
             fired = judge(sc, res.best_plan, params)[1]
             cache[key] = {"best_reward": float(res.best_reward),

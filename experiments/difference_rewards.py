@@ -44,6 +44,7 @@ from common import add_output_args, output_dir, plot_lines, result_path, save_js
 
 from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.search import ranking_score  # noqa: E402
+from libratio_jax.physics.checks import seed_key  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import null_plan, team_reward_of  # noqa: E402
 from libratio_jax.scenarios import (  # noqa: E402
@@ -149,7 +150,7 @@ def main(argv=None) -> dict:
     params = RewardParams.make()
     n_runs = args.scenarios * args.seeds
     bank_runs = jax.tree.map(lambda x: jnp.repeat(x, args.seeds, axis=0), bank)
-    keys = jax.random.split(jax.random.PRNGKey(args.seed), n_runs)  # same keys for both
+    keys = jax.random.split(seed_key(args.seed), n_runs)  # same keys for both
     curves, timing = {}, {}
     methods = (("team", False), ("difference", True))
     bar = tqdm(methods, desc="credit methods", unit="method")

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 
-import jax
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -25,6 +24,7 @@ from random_rollout import rollout_fn, summarize  # noqa: E402
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.agents.policies import greedy_plan  # noqa: E402
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper  # noqa: E402
+from libratio_jax.physics.checks import seed_key  # noqa: E402
 
 
 def main(argv=None):
@@ -46,7 +46,7 @@ def main(argv=None):
     for name, policy in bar:
         bar.set_postfix_str(f"{name}: compiling and running {args.envs} episodes")
         hist = rollout_fn(env, params, args.envs, args.steps, policy)(
-            jax.random.PRNGKey(args.seed))
+            seed_key(args.seed))
         out = {"experiment": "greedy_policy", "policy": name, "env": args.env,
                **summarize(hist)}
         tqdm.write(json.dumps(out))

@@ -58,6 +58,7 @@ from libratio_jax.agents import plan_space as S  # noqa: E402
 from libratio_jax.agents.grpo import group_advantages  # noqa: E402
 from libratio_jax.agents.search import ranking_score  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
+from libratio_jax.physics.checks import seed_key  # noqa: E402
 from libratio_jax.physics.scenario import TRAIN  # noqa: E402
 from libratio_jax.rewards.compose import RewardParams  # noqa: E402
 from libratio_jax.rewards.difference import team_reward_of, team_rewards  # noqa: E402
@@ -209,7 +210,7 @@ def main(argv=None) -> dict:
     reward_params = RewardParams.make()
     num_pools = train_bank.cluster.gpu_count.shape[-1]
     policy = Policy(num_pools=num_pools, hidden=args.hidden)
-    key = jax.random.PRNGKey(args.seed)
+    key = seed_key(args.seed)
 
     @jax.jit  # (one program; eager, the features and the init run op by op)
     def init(key, bank):

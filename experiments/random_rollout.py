@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 import libratio_jax as lj
 from libratio_jax.env.wrappers import AutoResetWrapper, LogWrapper
+from libratio_jax.physics.checks import seed_key
 
 
 def rollout_fn(env, params, n_envs: int, n_steps: int, policy):
@@ -75,12 +76,12 @@ def main(argv=None):
     with tqdm(total=2, desc=f"{args.envs} episodes x {args.steps} steps", unit="call") as bar:
         bar.set_postfix_str("compiling (first call)")
         t0 = time.perf_counter()
-        jax.block_until_ready(run(jax.random.PRNGKey(args.seed)))
+        jax.block_until_ready(run(seed_key(args.seed)))
         compile_s = time.perf_counter() - t0
         bar.update()
         bar.set_postfix_str("timed run")
         t0 = time.perf_counter()
-        hist = jax.block_until_ready(run(jax.random.PRNGKey(args.seed + 1)))
+        hist = jax.block_until_ready(run(seed_key(args.seed + 1)))
         run_s = time.perf_counter() - t0
         bar.update()
     out = {"experiment": "random_rollout", "env": args.env, "envs": args.envs,

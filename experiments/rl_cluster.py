@@ -61,6 +61,7 @@ from libratio_jax.env.rlcluster import (  # noqa: E402
 )
 from libratio_jax.env.rlcluster.env import draw_scenario  # noqa: E402
 from libratio_jax.env.rlcluster.service import backend_costs, simulate_service  # noqa: E402
+from libratio_jax.physics.checks import seed_key  # noqa: E402
 
 TRAIN_SEED, EVAL_SEED = 0, 10_000
 PLANNERS = ("static_half", "best_static", "libra", "libra_rigid", "libra_la_mlfq",
@@ -145,7 +146,7 @@ def make_learned(env, params, net):
 def train_planner(env, params, *, iterations: int, scenarios: int, group: int, lr: float,
                   seed: int = TRAIN_SEED):
     net = Planner(tuple(tuple(int(i) for i in f) for f in layout_factors(params.layouts)))
-    weights = net.init(jax.random.PRNGKey(seed), jnp.zeros(env.observation_space(params).shape))
+    weights = net.init(seed_key(seed), jnp.zeros(env.observation_space(params).shape))
     play_episode, log_prob, greedy = make_learned(env, params, net)
     opt = optax.adam(lr)
     opt_state = opt.init(weights)
@@ -172,7 +173,7 @@ def train_planner(env, params, *, iterations: int, scenarios: int, group: int, l
                 jnp.mean(episodes[0]) / int(params.periods))
 
     curve = []
-    key = jax.random.PRNGKey(seed)
+    key = seed_key(seed)
     for _ in tqdm(range(iterations), desc="GRPO", disable=None):
         key, k = jax.random.split(key)
         weights, opt_state, reward = update(weights, opt_state, k)

@@ -328,18 +328,30 @@ def test_seeds_that_differ_above_32_bits_play_their_own_episodes():
     assert all(_same_state(pool.state(i), after[2 - i]) for i in range(3))
 
 
-def test_seed_keys_keep_prngkey_below_2_32_and_name_the_field_out_of_range():
+def test_seed_keys_are_jax_s_64_bit_keys_and_bad_seeds_name_their_field():
     from libratio_jax.physics.checks import SEED_RANGE, seed_key
 
     for s in (0, 1, 7, 2**31 - 1, 2**31, 2**32 - 1):  # the keys (episodes) earlier releases made
         np.testing.assert_array_equal(seed_key(s), jax.random.PRNGKey(s))
-    np.testing.assert_array_equal(seed_key(np.int64(9)), jax.random.PRNGKey(9))
-    # seeds that PRNGKey maps to one key (equal mod 2**32) get keys of their own
+    for s in (np.int64(9), np.array(9), jax.numpy.int32(9), 9.0):
+        np.testing.assert_array_equal(seed_key(s), jax.random.PRNGKey(9))
+    # seeds that PRNGKey maps to one key without x64 (equal mod 2**32) get JAX's x64 keys,
+    # one each
     alike = [7, 7 + 2**32, 7 + 2**62, 7 - 2**32, 2**32 - 1, -1, SEED_RANGE[0], SEED_RANGE[1] - 1]
-    keys = {tuple(np.asarray(seed_key(s)).tolist()) for s in alike}
-    assert len(keys) == len(alike)
-    for bad in (SEED_RANGE[1], SEED_RANGE[0] - 1, 2**64, 2.5, "3", True, None, float("nan")):
+    with jax.enable_x64(True):
+        expected = [np.asarray(jax.random.PRNGKey(s)) for s in alike]
+    got = [np.asarray(seed_key(s)) for s in alike]
+    for s, e, g in zip(alike, expected, got, strict=True):
+        np.testing.assert_array_equal(g, e, err_msg=str(s))
+    assert len({tuple(g.tolist()) for g in got}) == len(alike)
+    for bad in (SEED_RANGE[1], SEED_RANGE[0] - 1, 2**64, 2.5, "3", True, None, float("nan"),
+                np.array([1, 2]), np.array(2.5)):
         with pytest.raises(ValueError, match="seeds"):
             seed_key(bad, "seeds")
     with pytest.raises(ValueError, match="seeds"):
         SessionPool(ENV, size=1, seed=0, params=PARAMS).reset(seeds=[2**63])
+    for bad in (2.5, "3", None):  # before any tracing; a float seed was truncated
+        with pytest.raises(ValueError, match="seed"):
+            lj.make("Fleet-v0", seed=bad, bank_size=2)
+        with pytest.raises(ValueError, match="seed"):
+            TextSession(ENV, params=PARAMS, seed=bad)

@@ -1,7 +1,8 @@
 """Checks of user-entered values, run on the host before any tracing: each returns the value
-as a plain Python number or raises ``ValueError`` naming the field (never ``TypeError``,
-``OverflowError`` or a NumPy error). One home for "what counts as an integer / a number / a
-boolean" at every entry point (workloads, clusters, plans' readable choices, estimates).
+as a plain Python number (:func:`seed_key`: the seed's PRNG key) or raises ``ValueError``
+naming the field (never ``TypeError``, ``OverflowError`` or a NumPy error). One home for
+"what counts as an integer / a number / a boolean / a seed" at every entry point (workloads,
+clusters, plans' readable choices, estimates, seeds).
 
     >>> positive_int(8.0, "batch"), strict_bool("false", "recompute")
     (8, False)
@@ -69,12 +70,24 @@ def strict_bool(value: Any, field: str) -> bool:
 SEED_RANGE = (-(2**63), 2**63)  # the seeds a PRNG key is made from: any signed 64-bit integer
 
 
+def seed_value(value: Any, field: str = "seed") -> int:
+    """An integer seed in :data:`SEED_RANGE` as a Python int (a 0-d integer array, NumPy's or
+    JAX's, counts as its value)."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "shape", None) == () and dtype is not None and np.issubdtype(dtype,
+                                                                                   np.integer):
+        value = int(value)
+    return integer(value, field, SEED_RANGE[0], SEED_RANGE[1] - 1)
+
+
 def seed_key(seed: Any, field: str = "seed"):
     """The PRNG key of an integer ``seed`` in :data:`SEED_RANGE` (a ``ValueError`` naming
-    ``field`` otherwise): ``jax.random.PRNGKey(seed)`` for ``0 <= seed < 2**32``, and
-    ``fold_in(PRNGKey(seed mod 2**32), seed's upper 32 bits)`` beyond, so that every seed
-    has a key of its own. (``PRNGKey`` alone keeps the lower 32 bits when JAX runs without
-    64-bit integers: ``5`` and ``5 + 2**32`` would give the same episodes.)
+    ``field`` otherwise; a 0-d integer array counts as its value): ``jax.random.PRNGKey(seed)``
+    as JAX makes it with 64-bit integers enabled, whatever ``jax_enable_x64`` says. That is
+    ``PRNGKey(seed)`` for ``0 <= seed < 2**32``, and a key of its own for every other seed
+    (its two 32-bit halves, under the default threefry implementation). ``PRNGKey`` alone
+    keeps the lower 32 bits when JAX runs without 64-bit integers: ``5`` and ``5 + 2**32``
+    would give the same episodes.
 
         >>> import jax
         >>> np.array_equal(seed_key(7), jax.random.PRNGKey(7))
@@ -84,7 +97,6 @@ def seed_key(seed: Any, field: str = "seed"):
     """
     import jax
 
-    s = integer(seed, field, SEED_RANGE[0], SEED_RANGE[1] - 1) % 2**64
-    low, high = s & 0xFFFFFFFF, s >> 32
-    key = jax.random.PRNGKey(low)
-    return key if high == 0 else jax.random.fold_in(key, high)
+    s = seed_value(seed, field)
+    with jax.enable_x64(True):
+        return jax.random.PRNGKey(s)

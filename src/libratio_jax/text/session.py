@@ -48,7 +48,7 @@ from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.env.rlcluster import RLClusterEnv
-from libratio_jax.physics.checks import seed_key
+from libratio_jax.physics.checks import seed_key, seed_value
 from libratio_jax.text import classic_tasks as CT
 from libratio_jax.text.codec import exact_text
 from libratio_jax.text.fleet_task import (
@@ -157,6 +157,7 @@ class SessionPool:
 
     def __init__(self, env: str | Environment = "Fleet-v0", size: int = 1, *, params=None,
                  seed: int = 0, **overrides):
+        seed = seed_value(seed)  # a Python int: ``seed + i`` cannot wrap
         if isinstance(env, str):
             env, default = make(env, **overrides)
             params = default if params is None else params
@@ -352,7 +353,7 @@ class TextSession:
 
     def __init__(self, env: str | Environment = "Fleet-v0", *, params=None, seed: int = 0,
                  **overrides):
-        self._seed = int(seed)
+        self._seed = seed_value(seed)
         self._episodes = 0
         self.pool = SessionPool(env, 1, params=params, seed=seed, **overrides)
 

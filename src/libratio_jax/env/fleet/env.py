@@ -39,6 +39,7 @@ from flax import struct
 from libratio_jax.env.base import Environment
 from libratio_jax.env.spaces import Box, TreeSpace
 from libratio_jax.physics import formats as F
+from libratio_jax.physics.checks import seed_value
 from libratio_jax.physics.plan import Plan, random_valid_plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity, Scenario
 from libratio_jax.rewards import compose, ird
@@ -113,7 +114,7 @@ class FleetEnv(Environment):
         self.reward_fn = reward_fn if reward_fn is not None else reward_functions.team()
         self.num_agents = capacity.max_tenants
         self.name = name
-        self._bank_args = (level, int(bank_size), int(seed),
+        self._bank_args = (level, int(bank_size), seed_value(seed),
                            None if presets is None else tuple(presets))
         self._param_overrides = params
         self._default_params = None

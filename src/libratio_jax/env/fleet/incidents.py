@@ -42,6 +42,7 @@ from flax import struct
 from libratio_jax.env.base import Environment
 from libratio_jax.physics import architecture as A
 from libratio_jax.physics import formats as F
+from libratio_jax.physics.checks import seed_value
 from libratio_jax.physics.kernel import evaluate_one
 from libratio_jax.physics.plan import Plan, random_valid_plan
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, TRAIN, Capacity, Scenario
@@ -277,7 +278,7 @@ class IncidentEnv(Environment):
                  case_probabilities=None):
         self.capacity = capacity
         self.name = name or self.name
-        self._bank_args = (level, int(bank_size), int(seed))
+        self._bank_args = (level, int(bank_size), seed_value(seed))
         self._cases = tuple(self.default_case_probabilities if case_probabilities is None
                             else np.asarray(case_probabilities, np.float64).tolist())
         self._default_params = None
