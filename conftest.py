@@ -8,13 +8,16 @@ it compiles for speed of compiling:
 - XLA:CPU's older fusion emitter (``--xla_cpu_use_fusion_emitters=false`` in ``XLA_FLAGS``,
   when this jaxlib knows the flag): the suite's backend compile time halves (mostly small
   programs; 422 -> 215 s over both workers), the suite a third faster (5:48 -> 3:48 on 2
-  cores).
-- Each program's machine code in one piece (``--xla_cpu_parallel_codegen_split_count=1``):
-  XLA:CPU splits a program's LLVM module into parts for its thread pool, but the two test
-  workers already keep both cores busy, and the split itself is ~14% of a large program's
-  compile (``perf``). Four subsets of the suite alternating with and without the flag, on 2
-  cores: 7-21% faster each time (92 -> 81 s, 102 -> 80 s, 97 -> 90 s, 132 -> 111 s). In one
-  process alone, where the parts do run in parallel, it was slower (170 -> 218 s).
+  cores);
+- when the xdist workers (``-n``) are at least as many as the cores, each program's machine
+  code in one piece (``--xla_cpu_parallel_codegen_split_count=1``, when this jaxlib knows
+  the flag): XLA:CPU splits a program's LLVM module into parts for its thread pool, but the
+  workers already keep every core busy, and splitting cost ~14% of the compile of one large
+  program (``perf``, forty-first round). Two parts of the suite, each run twice alternating
+  with and without the flag on the 2-core family-26 machine: 7-21% faster each time
+  (92 -> 81 s, 102 -> 80 s, 97 -> 90 s, 132 -> 111 s). With fewer workers than cores the
+  parts run in parallel: one process alone was slower with it (170 -> 218 s, thirty-ninth
+  round, Intel Xeon).
 
 Results are the same physics up to float rounding (the parity, jit-vs-eager and determinism
 tests run under it); benchmarks and users run the defaults. Set either variable yourself to
@@ -33,8 +36,8 @@ import pytest
 
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false",
-                       "--xla_cpu_parallel_codegen_split_count=1")
+_SPLIT_FLAG = "--xla_cpu_parallel_codegen_split_count=1"
+_FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", _SPLIT_FLAG)
 
 
 def _xla_accepts(flags: str) -> bool:
@@ -50,8 +53,10 @@ def _xla_accepts(flags: str) -> bool:
 
 
 # Set once by the run's first process (the xdist controller); its workers and the processes
-# tests start inherit it.
-if "XLA_FLAGS" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+# tests start inherit it. (The split flag leaves again in pytest_configure unless the workers
+# fill the cores.)
+_OWN_XLA_FLAGS = "XLA_FLAGS" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ
+if _OWN_XLA_FLAGS:
     _both = " ".join(_FAST_COMPILE_FLAGS)
     os.environ["XLA_FLAGS"] = (_both if _xla_accepts(_both) else
                                " ".join(f for f in _FAST_COMPILE_FLAGS if _xla_accepts(f)))
@@ -66,6 +71,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def pytest_configure(config):
+    """Before xdist starts its workers (they inherit ``XLA_FLAGS``): one piece of machine code
+    per program only when the workers are at least as many as the cores."""
+    workers = getattr(config.option, "numprocesses", None)  # xdist's -n, an int by now
+    if _OWN_XLA_FLAGS and not (isinstance(workers, int) and workers >= _cores()):
+        os.environ["XLA_FLAGS"] = " ".join(f for f in os.environ["XLA_FLAGS"].split()
+                                           if f != _SPLIT_FLAG)
 
 
 def _no_runnable_doctest(path) -> bool:

@@ -4,7 +4,7 @@
     python experiments/baselines.py --scenarios 100      # the README table (~35 min CPU)
 
 Scenario sets: the seven named presets and ``--scenarios`` procedural scenarios per level
-(easy, medium, hard; the held-out keys ``fold_in(PRNGKey(10000), i)`` the policies never train
+(easy, medium, hard; the held-out keys ``fold_in(seed_key(10000), i)`` the policies never train
 on). Per scenario:
 
 - random: ``--random-plans`` plans drawn uniformly from the plan space

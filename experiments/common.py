@@ -71,7 +71,7 @@ def plot_lines(path: str, curves: Mapping[str, tuple[Sequence[float], Sequence[f
 # ---------------------------------------------------------------------------------------------
 # Scenario sets and the CEM reference shared by the experiments
 
-EVAL_SEED = 10_000  # held-out procedural scenarios: keys fold_in(PRNGKey(EVAL_SEED), i)
+EVAL_SEED = 10_000  # held-out procedural scenarios: keys fold_in(seed_key(EVAL_SEED), i)
 TRAIN_SEED = 0      # training scenarios of the policies (disjoint keys)
 
 

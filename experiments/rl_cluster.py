@@ -193,7 +193,7 @@ def tiered_schedulers(env, params, episodes: int) -> dict:
     names = ("fifo", "predicted", "la_mlfq", "c_mlfq")
     ratios = {n: [] for n in names + ("homogeneous_fifo",)}
     for e in range(episodes):
-        key = jax.random.PRNGKey(EVAL_SEED + e)
+        key = seed_key(EVAL_SEED + e)
         scenario = draw_scenario(key, params)
         for period in (0, int(params.periods) - 1):
             traj = draw_trajectories(jax.random.fold_in(key, period), params, scenario,

@@ -72,6 +72,9 @@ def test_dataset_rows_rebuild_the_generator_scenarios(rows, built):
         chex.assert_trees_all_equal(built[i], jax.tree.map(lambda x, i=i: x[i], bank))
     assert hf.build_dataset(12, seed=3, difficulty="medium") == rows  # deterministic
     assert hf.build_dataset(12, seed=4, difficulty="medium") != rows
+    # a seed beyond 32 bits draws scenarios of its own (not those of seed mod 2**32)
+    far = hf.build_dataset(2, seed=3 + 2**32, difficulty="medium")
+    assert [r["scenario"] for r in far] != [r["scenario"] for r in rows[:2]]
     with pytest.raises(ValueError, match="difficulty"):
         hf.build_dataset(2, difficulty="impossible")
 

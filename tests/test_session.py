@@ -153,6 +153,10 @@ def test_trl_environment_protocol():
     row = session_dataset(3, seed=11)[2]
     first = env.reset(**row)
     assert env.reset(**row) == first and env.get_reward() == 0.0
+    assert env.reset(**{**row, "seed": np.int64(row["seed"])}) == first  # a NumPy row seed
+    for bad in ("11", 2**63, 2.5):  # named, not replaced by the next seed in silence
+        with pytest.raises(ValueError, match="seed"):
+            env.reset(**{**row, "seed": bad})
     with pytest.raises(ValueError, match="cannot be read"):
         env.submit_plan("I would use four GPUs.")
     with pytest.raises(ValueError, match="cannot be read"):
@@ -333,7 +337,14 @@ def test_seed_keys_are_jax_s_64_bit_keys_and_bad_seeds_name_their_field():
 
     for s in (0, 1, 7, 2**31 - 1, 2**31, 2**32 - 1):  # the keys (episodes) earlier releases made
         np.testing.assert_array_equal(seed_key(s), jax.random.PRNGKey(s))
-    for s in (np.int64(9), np.array(9), jax.numpy.int32(9), 9.0):
+    scalars = [np.int64(9), np.array(9), jax.numpy.int32(9), 9.0]
+    try:
+        import torch
+
+        scalars.append(torch.tensor(9))
+    except ImportError:  # (the [hf] extra)
+        pass
+    for s in scalars:
         np.testing.assert_array_equal(seed_key(s), jax.random.PRNGKey(9))
     # seeds that PRNGKey maps to one key without x64 (equal mod 2**32) get JAX's x64 keys,
     # one each
@@ -345,7 +356,7 @@ def test_seed_keys_are_jax_s_64_bit_keys_and_bad_seeds_name_their_field():
         np.testing.assert_array_equal(g, e, err_msg=str(s))
     assert len({tuple(g.tolist()) for g in got}) == len(alike)
     for bad in (SEED_RANGE[1], SEED_RANGE[0] - 1, 2**64, 2.5, "3", True, None, float("nan"),
-                np.array([1, 2]), np.array(2.5)):
+                np.array([1, 2]), np.array(2.5), np.array(True), np.array(5, dtype=object)):
         with pytest.raises(ValueError, match="seeds"):
             seed_key(bad, "seeds")
     with pytest.raises(ValueError, match="seeds"):

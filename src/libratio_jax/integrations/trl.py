@@ -108,11 +108,11 @@ def build_dataset(n: int, seed: int = 0, difficulty: str = "medium", *,
     ``datasets.Dataset`` (needs the ``datasets`` package: ``pip install libratio_jax[hf]``).
     """
     n = checks.positive_int(n, "build_dataset: n", 10_000_000)
-    seed = checks.integer(seed, "build_dataset: seed", 0, 2**32 - 1)
+    seed = checks.seed_value(seed, "build_dataset: seed")
     if agents not in ("joint", "each"):
         raise ValueError(f"agents must be 'joint' or 'each', got {agents!r}")
     rows = []
-    for i, recipe in enumerate(_recipes(int(n), int(seed), difficulty)):
+    for i, recipe in enumerate(_recipes(int(n), seed, difficulty)):
         sc = recipe.build(capacity)
         common = dict(scenario=recipe.to_json(), level=difficulty, seed=int(seed), index=i)
         if agents == "joint":

@@ -64,6 +64,7 @@ from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import PHASES, FleetRecoveryEnv
 from libratio_jax.env.registry import make
+from libratio_jax.physics import checks
 from libratio_jax.text.codec import exact_text
 from libratio_jax.text.session import TextSession, text_task_class
 
@@ -79,7 +80,7 @@ class SessionEnvironment:
 
     def __init__(self, env, params, *, seed: int = 0):
         self._session = TextSession(env, params=params, seed=seed)
-        self._next_seed = int(seed)
+        self._next_seed = checks.seed_value(seed)
         self.rewards: list[float] = []  # each turn's reward
         self.feedback: list[str] = []
 
@@ -91,10 +92,13 @@ class SessionEnvironment:
     # TRL reads `reset` and `get_reward` as protocol methods, every other public method as a tool.
     def reset(self, **kwargs: Any) -> str:
         """Start an episode: the dataset row's ``seed`` picks it (rollouts of one row play the
-        same episode). Returns the first observation."""
+        same episode; a ``ValueError`` names a seed that is not an integer in
+        ``checks.SEED_RANGE``). Returns the first observation."""
         seed = kwargs.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
+        if seed is None:
             seed, self._next_seed = self._next_seed, self._next_seed + 1
+        else:
+            seed = checks.seed_value(seed, "reset: seed")
         self.rewards, self.feedback = [], []
         return "\n\n" + self._session.reset(seed)
 

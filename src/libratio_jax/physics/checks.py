@@ -11,6 +11,7 @@ clusters, plans' readable choices, estimates, seeds).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import numpy as np
@@ -71,12 +72,14 @@ SEED_RANGE = (-(2**63), 2**63)  # the seeds a PRNG key is made from: any signed 
 
 
 def seed_value(value: Any, field: str = "seed") -> int:
-    """An integer seed in :data:`SEED_RANGE` as a Python int (a 0-d integer array, NumPy's or
-    JAX's, counts as its value)."""
-    dtype = getattr(value, "dtype", None)
-    if getattr(value, "shape", None) == () and dtype is not None and np.issubdtype(dtype,
-                                                                                   np.integer):
-        value = int(value)
+    """An integer seed in :data:`SEED_RANGE` as a Python int (a 0-d integer array, NumPy's,
+    JAX's or torch's, counts as its value)."""
+    if (getattr(value, "shape", None) == () and not isinstance(value, np.generic)
+            and "bool" not in str(getattr(value, "dtype", "bool"))):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            pass  # not an integer array: integer() names the field
     return integer(value, field, SEED_RANGE[0], SEED_RANGE[1] - 1)
 
 

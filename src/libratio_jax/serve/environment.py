@@ -17,19 +17,21 @@ from typing import Any
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
-from libratio_jax.physics.checks import SEED_RANGE
+from libratio_jax.physics.checks import seed_value
 from libratio_jax.serve.batcher import Hub, ServeError
 from libratio_jax.serve.models import LibratioAction, LibratioObservation, LibratioState
 
 
 def check_seed(seed) -> None:
-    """ServeError unless ``seed`` is None or an integer in :data:`SEED_RANGE`."""
+    """ServeError unless ``seed`` is None or a (JSON) integer in ``checks.SEED_RANGE``."""
     if seed is None:
         return
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ServeError(f"reset: seed must be an integer, got {seed!r}")
-    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
-        raise ServeError(f"reset: seed must lie in [-2**63, 2**63), got {seed}")
+    try:
+        seed_value(seed, "reset: seed")
+    except ValueError as e:
+        raise ServeError(str(e)) from None
 
 
 class LibratioEnvironment(Environment[LibratioAction, LibratioObservation, LibratioState]):

@@ -355,7 +355,7 @@ class TextSession:
                  **overrides):
         self._seed = seed_value(seed)
         self._episodes = 0
-        self.pool = SessionPool(env, 1, params=params, seed=seed, **overrides)
+        self.pool = SessionPool(env, 1, params=params, seed=self._seed, **overrides)
 
     @property
     def system_prompt(self) -> str:
