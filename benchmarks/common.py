@@ -8,6 +8,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 
@@ -21,14 +22,32 @@ WARMUP_CALLS = 12
 WARMUP_SECONDS = 2.0
 
 
-def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
-    """``(compile_seconds, run_seconds, result)``: the first call (trace, compile, run) minus
-    the median of ``repeats`` steady-state calls, and that median. The steady-state calls come
-    after the warm-up (``WARMUP_CALLS``, ``WARMUP_SECONDS``), so a compile on a later call
-    (``lj.evaluate``'s packed program, on a scenario's second call) is in neither number. Says
-    on stderr what it is doing (the first call may compile for a while)."""
-    print(f"{label or getattr(fn, '__name__', 'call')}: compiling, warming up, then {repeats} "
-          "timed runs ...", file=sys.stderr, flush=True)
+class Timing(NamedTuple):
+    """What :func:`time_steady` measured: ``run_seconds`` is the median of ``calls`` steady-
+    state calls, ``run_seconds_p10`` / ``run_seconds_p90`` their 10th and 90th percentiles."""
+
+    compile_seconds: float
+    run_seconds: float
+    result: object
+    calls: int
+    run_seconds_p10: float
+    run_seconds_p90: float
+
+
+def time_steady(fn, *args, repeats: int = 5, min_seconds: float = 0.0,
+                max_calls: int = 100_000, label: str = "") -> Timing:
+    """The first call (trace, compile, run) minus the median steady-state call, and the
+    steady-state calls' median and spread. The steady-state calls come after the warm-up
+    (``WARMUP_CALLS``, ``WARMUP_SECONDS``), so a compile on a later call (``lj.evaluate``'s
+    packed program, on a scenario's second call) is in neither number; they are at least
+    ``repeats`` and go on until they have taken ``min_seconds`` in all (at most
+    ``max_calls``): on a shared machine whose speed drifts within seconds, a median of a few
+    millisecond-calls reports the drift (4,096 full-resolution plans with layer_stability:
+    medians of 5 calls 2.6-7.9 ms, of 300 calls 2.6-2.9 ms in the same minutes). Says on
+    stderr what it is doing (the first call may compile for a while)."""
+    print(f"{label or getattr(fn, '__name__', 'call')}: compiling, warming up, then "
+          f"{repeats} timed runs" + (f" (at least {min_seconds:g} s)" if min_seconds else "")
+          + " ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0
@@ -37,13 +56,22 @@ def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
         if k and time.perf_counter() - start > WARMUP_SECONDS:
             break
         out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < min_seconds and len(times) < max_calls):
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     run_s = statistics.median(times)
-    return max(first - run_s, 0.0), run_s, out
+    ordered = sorted(times)
+    return Timing(max(first - run_s, 0.0), run_s, out, len(times),
+                  ordered[(len(ordered) - 1) // 10], ordered[(len(ordered) - 1) * 9 // 10])
+
+
+def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
+    """``(compile_seconds, run_seconds, result)`` of :func:`time_steady` with ``repeats``
+    steady-state calls."""
+    t = time_steady(fn, *args, repeats=repeats, label=label)
+    return t.compile_seconds, t.run_seconds, t.result
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -6,17 +6,19 @@ Prints one JSON line per (resolution, batch, per-row output) with: benchmark, de
 batch, layers, block_groups, layer_stability (whether the per-row output was computed: each
 batch of more than one plan is measured both ways), rows_per_plan (tenant slots x rows per
 model: the rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second
-(plans/s x rows_per_plan), compile_seconds, run_seconds, reference_plans_per_second,
-speedup_vs_reference.
+(plans/s x rows_per_plan), compile_seconds, run_seconds, timed_calls, run_seconds_p10,
+run_seconds_p90, reference_plans_per_second, speedup_vs_reference.
 Where the C library is glibc, the largest full-resolution batch is measured once more (with and
 without ``layer_stability``) in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
 ``lj.reuse_host_memory()`` first (its records have ``host_memory: "reused"`` and
 ``dispatch: "inline"``): see ``reused_memory_records``.
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
-state run; run time is the median of ``--repeats`` steady-state calls, after up to 12 warm-up
-calls (``common.time_jitted``: a scenario's second call compiles its packed program, and the
-first calls of a large output page-fault while the allocator's heap grows). Then, per resolution,
+state run; run time is the median of the steady-state calls (``timed_calls``: at least
+``--repeats``, and as many more as fit in ``--min-seconds``, ``MIN_SECONDS`` by default; their
+10th and 90th percentiles beside it), after up to 12 warm-up calls (``common.time_steady``: a
+scenario's second call compiles its packed program, and the first calls of a large output
+page-fault while the allocator's heap grows). Then, per resolution,
 two lines ``evaluate_single_call`` per plan of ``PLAN_FORMATS``: microseconds of one
 ``lj.evaluate`` call on one plan of NumPy arrays, or JAX arrays (validation, dispatch and the
 result included; what a server step pays), the median of ``--repeats`` rounds of 200 calls,
@@ -43,12 +45,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import add_output_args, gpu_class_path, native_isa, save_records, time_jitted  # noqa: E402
+from common import add_output_args, gpu_class_path, native_isa, save_records, time_steady  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
 from libratio_jax.physics.plan import sample_plans  # noqa: E402
 from libratio_jax.testing import reference as R  # noqa: E402
+
+# Seconds of steady-state calls per batch record at least. Until the forty-second round a
+# record was the median of 5 calls, ~15 ms at 4,096 full-resolution plans: on this shared
+# machine, whose speed drifts within seconds, that reported the drift (docs/performance.md).
+MIN_SECONDS = 1.0
 
 
 def _tile(plans, batch):
@@ -67,15 +74,16 @@ def reference_rate(sc, plans, n: int) -> float:
 
 
 def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
-        trials: int) -> None:
+        trials: int, min_seconds: float = MIN_SECONDS) -> None:
     sc = lj.reference_scenario(block_groups=block_groups)
     ref_rate = reference_rate(sc, sample_plans(sc, 4096, seed=0), reference_plans)
     # With and without the per-row output (Metrics.layer_stability), which a batch summed by
     # row class (physics/rowclasses.py: full resolution, and merged rows on the CPU) otherwise
     # never needs per row.
-    out += batch_records(sc, block_groups, batches, (True, False), repeats, ref_rate)
+    out += batch_records(sc, block_groups, batches, (True, False), repeats, ref_rate,
+                         min_seconds=min_seconds)
     if sc.row_classes is not None and reuse_available():
-        out += reused_memory_records(max(batches), repeats, ref_rate)
+        out += reused_memory_records(max(batches), repeats, ref_rate, min_seconds)
     # Full resolution: a plan with a format drawn per row (its tenants use 85-130 (class,
     # format) pairs: evaluated by its pairs in chunks, physics.kernel.evaluate_entries), one
     # with a format per layer kind, as a text plan gives (12-16 pairs: one chunk), that
@@ -101,7 +109,7 @@ def run(batches, block_groups, repeats: int, reference_plans: int, out: list,
 
 
 def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: float,
-                  tags: dict | None = None) -> list:
+                  tags: dict | None = None, min_seconds: float = MIN_SECONDS) -> list:
     """One ``evaluate_throughput`` record per batch size and per-row output mode
     (``layer_stability`` in ``modes``), on ``sc`` built with ``block_groups``, each with
     ``tags`` added."""
@@ -115,12 +123,14 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
             label = (f"evaluate, {sc.num_layers} rows, batch {batch:,}"
                      + ("" if per_row else ", no layer_stability"))
             try:
-                compile_s, run_s, _ = time_jitted(fn, sc, plans, repeats=repeats, label=label)
+                timing = time_steady(fn, sc, plans, repeats=repeats, min_seconds=min_seconds,
+                                     label=label)
             except jax.errors.JaxRuntimeError as e:  # a batch too large for the device
                 if "RESOURCE_EXHAUSTED" not in str(e):
                     raise
                 print(f"{label}: out of device memory, skipped", file=sys.stderr, flush=True)
                 continue
+            compile_s, run_s = timing.compile_seconds, timing.run_seconds
             rate = batch / run_s
             rec = {
                 "benchmark": "evaluate_throughput",
@@ -136,6 +146,9 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
                 "row_evaluations_per_second": round(rate * sc.num_tenants * sc.num_layers, 1),
                 "compile_seconds": round(compile_s, 3),
                 "run_seconds": round(run_s, 6),
+                "timed_calls": timing.calls,
+                "run_seconds_p10": round(timing.run_seconds_p10, 6),
+                "run_seconds_p90": round(timing.run_seconds_p90, 6),
                 "reference_plans_per_second": round(ref_rate, 2),
                 "speedup_vs_reference": round(rate / ref_rate, 1),
             }
@@ -163,13 +176,15 @@ def reuse_available() -> bool:
     return jax.default_backend() == "cpu" and host_memory.glibc()
 
 
-def reused_memory_records(batch: int, repeats: int, ref_rate: float) -> list:
+def reused_memory_records(batch: int, repeats: int, ref_rate: float,
+                          min_seconds: float = MIN_SECONDS) -> list:
     """The full-resolution batch of ``batch`` plans, with and without ``layer_stability``,
     measured again in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
     ``lj.reuse_host_memory()`` before its first computation; none, with the child's error on
     stderr, when the child fails (the other records are kept)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--batch-child", str(batch),
-           "--repeats", str(repeats), "--reference-rate", str(ref_rate)]
+           "--repeats", str(repeats), "--min-seconds", str(min_seconds),
+           "--reference-rate", str(ref_rate)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"batch of {batch:,} with reused host memory failed:\n" + done.stderr[-3000:],
@@ -316,7 +331,12 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4096, 65536])
     ap.add_argument("--block-groups", type=int, nargs="+", default=[0, 1],
                     help="0 = one row per sub-layer per block (full resolution)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="steady-state calls per batch record at least; rounds of 200 calls "
+                         "per single-call record")
+    ap.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                    help="a batch record's steady-state calls go on until they took this "
+                         "long (default %(default)s)")
     ap.add_argument("--reference-plans", type=int, default=50)
     ap.add_argument("--single-call-trials", type=int, default=SINGLE_CALL_TRIALS,
                     help="fresh processes per single-call measurement (0: none)")
@@ -335,12 +355,13 @@ def main(argv=None) -> None:
         if not (lj.inline_cpu_dispatch() and lj.reuse_host_memory()):
             raise SystemExit("--batch-child: inline dispatch and reused host memory unavailable")
         batch_records(lj.reference_scenario(), None, [args.batch_child], (True, False),
-                      args.repeats, args.reference_rate, tags=REUSED_MEMORY_TAGS)
+                      args.repeats, args.reference_rate, tags=REUSED_MEMORY_TAGS,
+                      min_seconds=args.min_seconds)
         return
     records: list = []
     for g in args.block_groups:
         run(args.batches, g or None, args.repeats, args.reference_plans, records,
-            args.single_call_trials)
+            args.single_call_trials, args.min_seconds)
     save_records(results_name(), records, args.out, args.save_results)
 
 

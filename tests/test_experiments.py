@@ -102,6 +102,18 @@ def test_steps_to_level():
     assert math.isnan(difference_rewards.steps_to(np.array([0.1, 0.2]), 0.5))
 
 
+def _benchmarks_common():
+    """benchmarks/common.py, loaded by path (there are two modules named "common")."""
+    from importlib import util
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    spec = util.spec_from_file_location("bench_common",
+                                        os.path.join(root, "benchmarks", "common.py"))
+    bench = util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     """Scripts write to runs/ (ignored by git) by default; the committed results folders only
     with --save-results."""
@@ -120,12 +132,7 @@ def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     ignored = subprocess.run(["git", "check-ignore", "-q", os.path.join(default, "a.json")],
                              cwd=root, check=False)
     assert ignored.returncode == 0  # git ignores runs/
-    from importlib import util  # benchmarks/common.py, loaded by path (two "common" modules)
-
-    spec = util.spec_from_file_location("bench_common", os.path.join(root, "benchmarks",
-                                                                      "common.py"))
-    bench = util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmarks_common()
     assert bench.results_folder(False).endswith(os.path.join("runs", "benchmarks"))
     assert bench.results_folder(True) == bench.RESULTS
     # Every saved record names the machine it ran on; one that already does keeps its own.
@@ -138,6 +145,31 @@ def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
                               out=os.path.join(tmp_path, "x.json"))
     saved = json.loads(open(path).read())
     assert saved == [{"a": 1, "host": machine}, {"a": 2, "host": {"cpu": "other"}}]
+
+
+def test_benchmark_timing_takes_min_seconds_of_calls(monkeypatch):
+    """``benchmarks/common.time_steady``: at least ``repeats`` steady-state calls, more until
+    they took ``min_seconds``; the median and percentiles are those of the timed calls."""
+    bench = _benchmarks_common()
+    # A fake clock: each call moves it by the next duration (binary fractions: sums exact);
+    # the first call, 2 warm-up calls, then the timed ones.
+    cycle = [0.25, 0.125, 0.5, 0.375, 0.75]
+    durations = iter([8.0] + cycle * 10)
+    clock = [0.0]
+
+    def fn(x):
+        clock[0] += next(durations)
+        return x
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench, "WARMUP_CALLS", 2)
+    t = bench.time_steady(fn, 1, repeats=3, min_seconds=2.0)
+    timed = (cycle * 2)[2:7]  # until their sum reaches 2 s: 0.5 + 0.375 + 0.75 + 0.25 + 0.125
+    assert t.calls == len(timed) == 5 and t.result == 1
+    assert t.run_seconds == float(np.median(timed))
+    assert t.compile_seconds == 8.0 - t.run_seconds
+    assert (t.run_seconds_p10, t.run_seconds_p90) == (min(timed), sorted(timed)[3])
+    assert bench.time_steady(fn, 1, repeats=4).calls == 4  # (no min_seconds: the repeats)
 
 
 def test_trl_multiturn_two_steps_on_cpu(tmp_path):
