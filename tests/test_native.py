@@ -399,12 +399,13 @@ def test_native_picked_sums_never_reuse_another_calls_tables():
 
 @needs_native
 @pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
-def test_native_rows_equal_the_xla_rows(b, isa):
+@pytest.mark.parametrize("l", [32, 41])  # whole vectors of 16 rows, and a rest after them
+def test_native_rows_equal_the_xla_rows(b, l, isa):
     """Each row's score picked from a ``[F, M, L]`` table at its id (format 0 for ids out of
     the domain), the fallback format's for the tenants not kept: as ``stability.
     rows_stability`` in XLA and as NumPy indexing."""
-    rng = np.random.default_rng(b)
-    m, l = 3, 41
+    rng = np.random.default_rng(b + l)
+    m = 3
     table = rng.random((F.NUM_FORMATS, m, l)).astype(np.float32)
     ids = rng.integers(0, 256, (b, m, l)).astype(np.uint8)
     ids[rng.random(ids.shape) < 0.7] %= F.NUM_FORMATS
@@ -444,7 +445,7 @@ def _columns_table(rng, m, l, distinct):
 
 @needs_native
 @pytest.mark.parametrize("b", [64, 70, 600])  # from 64 plans the kernel reads distinct columns
-@pytest.mark.parametrize("l", [23, 41])  # 16 rows at a time, and a rest
+@pytest.mark.parametrize("l", [23, 32, 41])  # 16 rows at a time, and a rest (none at 32)
 def test_native_rows_by_distinct_columns(b, l, isa):
     """A batch reads each tenant's scores from its distinct columns (at most 256 scores:
     1 to 21 columns of 12 formats, 1 to 8 permutes; a tenant of 22 or more, or whose rows

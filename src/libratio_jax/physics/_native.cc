@@ -308,7 +308,10 @@ LJ_AVX512 void TransposeTile(const uint8_t* src, size_t stride, int plans, int r
     __m512i x[8];
     for (int i = 0; i < 8; ++i) {
       const int j = 8 * g + i;
-      x[i] = j < plans ? _mm512_mask_loadu_epi8(none, cols, src + size_t(j) * stride) : none;
+      // (no mask where every row is read: the note on masks at StabilityRowsAvx512)
+      x[i] = j >= plans ? none
+             : rows == 64 ? _mm512_loadu_si512(src + size_t(j) * stride)
+                          : _mm512_mask_loadu_epi8(none, cols, src + size_t(j) * stride);
     }
     ThreeStages(x, 3);
     for (int i = 0; i < 8; ++i) _mm512_store_si512(tmp + (8 * g + i) * 64, x[i]);
@@ -342,8 +345,8 @@ LJ_AVX512 inline void StoreCounts(__m512i acc, int plans, bool add, float* out) 
 }
 
 LJ_AVX512 inline void StoreCounts(__m512i acc, int plans, bool, uint8_t* out) {
-  _mm512_mask_storeu_epi8(out, plans == 64 ? ~__mmask64{0} : ((__mmask64{1} << plans) - 1),
-                          acc);
+  if (plans == 64) _mm512_storeu_si512(out, acc);  // (no mask: the note at StabilityRowsAvx512)
+  else _mm512_mask_storeu_epi8(out, (__mmask64{1} << plans) - 1, acc);
 }
 
 template <typename T>
@@ -646,46 +649,78 @@ const Columns& ColumnsFor(const float* table, int64_t F, int64_t M, int64_t L) {
   return kept.columns;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-void StabilityRowsAvx512(const uint8_t* row, const float* table, int64_t plane, int F, int L,
-                         float* out) {
+// On masks: AVX-512 loads and stores under a mask (even all ones) take ~2x their plain
+// forms on an AMD EPYC of family 26 (the forty-second round: one tenant's rows picked from its
+// distinct columns, in C alone, 4,096 plans over two threads: 1.3-1.9 -> 0.6-0.9 ms), so the
+// kernels use a mask only where a vector is partial. The rows' kernel alone (lj_rows_stability
+// on 4,096 full-resolution plans, alternating processes): 1.1-1.7 -> 0.7-1.15 ms; the whole
+// call with layer_stability ~3.6 -> ~2.8 ms (medians). In the counts and sums, no change
+// measurable in a whole call.
+#define LJ_AVX512_BW __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+LJ_AVX512_BW inline __m512 GatherScores(const float* table, __m512i f, __m512i n_formats,
+                                        __m512i stride, int r, __mmask16 k) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
+  const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(f, stride),
+                                       _mm512_add_epi32(lane, _mm512_set1_epi32(r)));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, table, 4);
+}
+
+LJ_AVX512_BW void StabilityRowsAvx512(const uint8_t* row, const float* table, int64_t plane,
+                                      int F, int L, float* out) {
   const __m512i n_formats = _mm512_set1_epi32(F);
   const __m512i stride = _mm512_set1_epi32(int(plane));
-  for (int r = 0; r < L; r += 16) {
-    const int n = std::min(16, L - r);
-    const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
-    f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
-    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(f, stride),
-                                         _mm512_add_epi32(lane, _mm512_set1_epi32(r)));
-    _mm512_mask_storeu_ps(out + r, k,
-                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, table, 4));
+  int r = 0;
+  for (; r + 16 <= L; r += 16) {
+    const __m512i f =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + r)));
+    _mm512_storeu_ps(out + r, GatherScores(table, f, n_formats, stride, r, __mmask16(0xFFFF)));
   }
+  if (r < L) {
+    const __mmask16 k = __mmask16((1u << (L - r)) - 1);
+    const __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
+    _mm512_mask_storeu_ps(out + r, k, GatherScores(table, f, n_formats, stride, r, k));
+  }
+}
+
+// 16 rows' scores from a tenant's distinct columns held in registers (Pairs pairs of 16-float
+// halves): format f (format 0 where f is not in [0, F)) of the column starting at `column`.
+template <int Pairs>
+LJ_AVX512_BW inline __m512 PickScores(const __m512 (&lo)[Pairs], const __m512 (&hi)[Pairs],
+                                      __m512i f, __m512i column, __m512i n_formats) {
+  f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
+  const __m512i idx = _mm512_add_epi32(f, column);
+  __m512 v = _mm512_permutex2var_ps(lo[0], idx, hi[0]);
+  for (int p = 1; p < Pairs; ++p)  // the pair holding idx (>= 32 p) overrides
+    v = _mm512_mask_mov_ps(v, _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32 * p)),
+                           _mm512_permutex2var_ps(lo[p], idx, hi[p]));
+  return v;
 }
 
 // One tenant's rows by its distinct columns (scores: Pairs x 32 floats; offset: [L]).
 template <int Pairs>
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-void StabilityColumnsAvx512(const uint8_t* row, const float* scores, const int32_t* offset,
-                            int F, int L, float* out) {
+LJ_AVX512_BW void StabilityColumnsAvx512(const uint8_t* row, const float* scores,
+                                         const int32_t* offset, int F, int L, float* out) {
   __m512 lo[Pairs], hi[Pairs];
   for (int p = 0; p < Pairs; ++p) {
     lo[p] = _mm512_loadu_ps(scores + 32 * p);
     hi[p] = _mm512_loadu_ps(scores + 32 * p + 16);
   }
   const __m512i n_formats = _mm512_set1_epi32(F);
-  for (int r = 0; r < L; r += 16) {
-    const int n = std::min(16, L - r);
-    const __mmask16 k = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
-    f = _mm512_maskz_mov_epi32(_mm512_cmplt_epu32_mask(f, n_formats), f);
-    const __m512i idx = _mm512_add_epi32(f, _mm512_maskz_loadu_epi32(k, offset + r));
-    __m512 v = _mm512_permutex2var_ps(lo[0], idx, hi[0]);
-    for (int p = 1; p < Pairs; ++p)  // the pair holding idx (>= 32 p) overrides
-      v = _mm512_mask_mov_ps(v, _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32 * p)),
-                             _mm512_permutex2var_ps(lo[p], idx, hi[p]));
-    _mm512_mask_storeu_ps(out + r, k, v);
+  int r = 0;
+  for (; r + 16 <= L; r += 16) {
+    const __m512i f =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + r)));
+    _mm512_storeu_ps(out + r, PickScores<Pairs>(lo, hi, f, _mm512_loadu_si512(offset + r),
+                                                n_formats));
+  }
+  if (r < L) {
+    const __mmask16 k = __mmask16((1u << (L - r)) - 1);
+    const __m512i f = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, row + r));
+    _mm512_mask_storeu_ps(out + r, k,
+                          PickScores<Pairs>(lo, hi, f, _mm512_maskz_loadu_epi32(k, offset + r),
+                                            n_formats));
   }
 }
 
@@ -944,20 +979,33 @@ HeldEntries Hold(const SumsArgs& a, int64_t m) {
 }
 
 #if LJ_X86
+// 16 counts as floats: under `mask` (zeros past it), or all 16 with no mask when Full
+// (the note on masks at StabilityRowsAvx512).
+template <bool Full>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
     const uint8_t* x, __mmask16 mask) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, x)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+      Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x)) : _mm_maskz_loadu_epi8(mask, x)));
 }
 
+template <bool Full>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
     const float* x, __mmask16 mask) {
-  return _mm512_maskz_loadu_ps(mask, x);
+  return Full ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(mask, x);
+}
+
+template <bool Full>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void StoreSums(
+    float* x, __mmask16 mask, __m512 v) {
+  if (Full) _mm512_storeu_ps(x, v);
+  else _mm512_mask_storeu_ps(x, mask, v);
 }
 
 // Plans p0 .. p0 + plans - 1 (at most 32) of tenant m: kSumRows terms per pass over its held
 // entries; the first pass also takes the peak and each group's sum (the entries come group
-// by group), so that each count is read and converted once for all three.
-template <typename T>
+// by group), so that each count is read and converted once for all three. Full: kSumPlans
+// (every load and store whole, no mask).
+template <bool Full, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
     const T* counts, const SumsArgs& a, const HeldEntries& h, int64_t m, int64_t p0,
     int plans) {
@@ -979,8 +1027,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
       __m512 s0 = zero, s1 = zero;
       for (; i < end; ++i) {
         const int64_t e = h.held[i];
-        const __m512 x0 = LoadCounts(c + e * b, lo);
-        const __m512 x1 = LoadCounts(c + e * b + 16, hi);
+        const __m512 x0 = LoadCounts<Full>(c + e * b, lo);
+        const __m512 x1 = LoadCounts<Full>(c + e * b + 16, hi);
         if (first) {
           // max(v, top): top when both are zero, so that a peak of -0.0 leaves +0.0
           const __m512 v = _mm512_set1_ps(h.peaks[i]);
@@ -998,19 +1046,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void SumsAvx512(
         }
       }
       if (first && g < G) {
-        _mm512_mask_storeu_ps(a.grouped + (m * G + g) * b + p0, lo, s0);
-        _mm512_mask_storeu_ps(a.grouped + (m * G + g) * b + p0 + 16, hi, s1);
+        StoreSums<Full>(a.grouped + (m * G + g) * b + p0, lo, s0);
+        StoreSums<Full>(a.grouped + (m * G + g) * b + p0 + 16, hi, s1);
       }
     }
     if (first) {
-      _mm512_mask_storeu_ps(a.peak + m * b + p0, lo, top0);
-      _mm512_mask_storeu_ps(a.peak + m * b + p0 + 16, hi, top1);
+      StoreSums<Full>(a.peak + m * b + p0, lo, top0);
+      StoreSums<Full>(a.peak + m * b + p0 + 16, hi, top1);
     }
     const int64_t left = K - k0;  // terms of this pass (a constant bound keeps acc in registers)
     for (int j = 0; j < kSumRows; ++j) {
       if (j >= left) break;
-      _mm512_mask_storeu_ps(a.out + (m * K + k0 + j) * b + p0, lo, acc[j][0]);
-      _mm512_mask_storeu_ps(a.out + (m * K + k0 + j) * b + p0 + 16, hi, acc[j][1]);
+      StoreSums<Full>(a.out + (m * K + k0 + j) * b + p0, lo, acc[j][0]);
+      StoreSums<Full>(a.out + (m * K + k0 + j) * b + p0 + 16, hi, acc[j][1]);
     }
   }
 }
@@ -1125,7 +1173,8 @@ void SumsAll(ffi::ThreadPool& pool, const T* counts, const SumsArgs& a) {
     const int plans = int(std::min<int64_t>(kSumPlans, a.b - p0));
 #if LJ_X86
     if (isa >= kAvx512) {
-      SumsAvx512(counts, a, held[m], m, p0, plans);
+      if (plans == kSumPlans) SumsAvx512<true>(counts, a, held[m], m, p0, plans);
+      else SumsAvx512<false>(counts, a, held[m], m, p0, plans);
       return;
     }
     if (isa >= kAvx2) {
