@@ -103,15 +103,9 @@ def results_folder(save_results: bool) -> str:
     return RESULTS if save_results else os.path.normpath(RUNS)
 
 
-def host() -> dict:
-    """The machine a benchmark ran on: ``cpu`` (the model name ``/proc/cpuinfo`` gives, with
-    its family and model numbers, which tell the generation where a virtual machine's name
-    does not, e.g. ``AMD EPYC (family 26, model 2)``; on Arm its implementer and part
-    numbers; the platform's processor string elsewhere), ``cpu_count`` (the cores the
-    process may use; a CPU quota of its cgroup is not read) and ``native_isa``
-    (:func:`native_isa`). Rates measured on different CPUs
-    are not comparable: the same code ran ~2x apart between machines of this project."""
-    fields = {}
+def _cpuinfo() -> dict:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
+    fields: dict = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -121,6 +115,18 @@ def host() -> dict:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def host() -> dict:
+    """The machine a benchmark ran on: ``cpu`` (the model name ``/proc/cpuinfo`` gives, with
+    its family and model numbers, which tell the generation where a virtual machine's name
+    does not, e.g. ``AMD EPYC (family 26, model 2)``; on Arm its implementer and part
+    numbers; the platform's processor string elsewhere), ``cpu_count`` (the cores the
+    process may use; a CPU quota of its cgroup is not read) and ``native_isa``
+    (:func:`native_isa`). Rates measured on different CPUs
+    are not comparable: the same code ran ~2x apart between machines of this project."""
+    fields = _cpuinfo()
     cpu = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
     if "cpu family" in fields and "model" in fields:
         cpu += f" (family {fields['cpu family']}, model {fields['model']})"
@@ -129,6 +135,24 @@ def host() -> dict:
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
     return {"cpu": cpu, "cpu_count": cores, "native_isa": native_isa()}
+
+
+_VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+
+
+def machine_tag() -> str:
+    """A file-name tag of this CPU's kind, e.g. ``amd_f26_m2`` (vendor, family and model, as
+    :func:`host` names them; on Arm ``arm_{implementer}_{part}``; else the platform's machine
+    name), so that each kind of machine keeps its own committed results."""
+    fields = _cpuinfo()
+    if "cpu family" in fields and "model" in fields:
+        vendor = _VENDORS.get(fields.get("vendor_id", ""), fields.get("vendor_id", "x86"))
+        tag = f"{vendor}_f{fields['cpu family']}_m{fields['model']}"
+    elif "CPU implementer" in fields and "CPU part" in fields:
+        tag = f"arm_{fields['CPU implementer']}_{fields['CPU part']}"
+    else:
+        tag = platform.machine() or "unknown"
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in tag.lower())
 
 
 def native_isa() -> str:

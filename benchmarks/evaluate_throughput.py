@@ -26,8 +26,8 @@ the fastest of ``--single-call-trials`` fresh processes (``processes``, default
 ``SINGLE_CALL_TRIALS``; 0 skips them) with JAX's default asynchronous dispatch and, on the
 CPU, with ``lj.inline_cpu_dispatch()`` (``dispatch``), with the number of kernels (XLA
 fusions) of that program (``program_kernels``). A batch too large for the device's memory is
-reported on stderr and skipped. On a CPU whose native kernels use less than AVX-512 VBMI the
-records are written as ``evaluate_throughput_{isa}_cpu.json`` (:func:`results_name`).
+reported on stderr and skipped. On a CPU the records are written as
+``evaluate_throughput_{machine}_cpu.json``, one file per kind of CPU (:func:`results_name`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import add_output_args, gpu_class_path, native_isa, save_records, time_steady  # noqa: E402
+from common import (  # noqa: E402
+    add_output_args,
+    gpu_class_path,
+    machine_tag,
+    save_records,
+    time_steady,
+)
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import formats as F  # noqa: E402
@@ -366,11 +372,12 @@ def main(argv=None) -> None:
 
 
 def results_name() -> str:
-    """``evaluate_throughput``, or ``evaluate_throughput_{isa}`` on a CPU whose native kernels
-    use less than AVX-512 VBMI (``common.native_isa``), so that the committed results keep
-    a machine of each kind (the README's tables read every one)."""
-    isa = native_isa() if jax.default_backend() == "cpu" else "avx512_vbmi"
-    return "evaluate_throughput" if isa == "avx512_vbmi" else f"evaluate_throughput_{isa}"
+    """``evaluate_throughput_{machine}`` on a CPU (``common.machine_tag``: e.g.
+    ``evaluate_throughput_amd_f26_m2_cpu.json``), so that the committed results keep each kind
+    of machine's own records (the README's tables read every one); ``evaluate_throughput``
+    elsewhere (``evaluate_throughput_gpu.json``)."""
+    return ("evaluate_throughput_" + machine_tag() if jax.default_backend() == "cpu"
+            else "evaluate_throughput")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ ISA_NAMES = {"avx512_vbmi": "AVX-512 VBMI", "avx512": "AVX-512", "avx2": "AVX2",
 
 def _cpu_results(prefix: str) -> list:
     """The records of every committed ``{prefix}*_cpu.json`` (one machine each: e.g.
-    ``evaluate_throughput_avx2_cpu.json`` beside ``evaluate_throughput_cpu.json``)."""
+    ``evaluate_throughput_amd_f25_m1_cpu.json`` beside
+    ``evaluate_throughput_amd_f26_m2_cpu.json``)."""
     return [r for path in sorted(glob.glob(os.path.join(BENCH, f"{prefix}*_cpu.json")))
             for r in _load(path) or []]
 

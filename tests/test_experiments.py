@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -138,6 +139,12 @@ def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     # Every saved record names the machine it ran on; one that already does keeps its own.
     machine = bench.host()
     assert machine["cpu"] and 1 <= machine["cpu_count"] <= (os.cpu_count() or 1)
+    # and each kind of CPU its own results file: the tag names the family and model host gives
+    tag = bench.machine_tag()
+    assert tag and all(c.isalnum() or c == "_" for c in tag) and tag == tag.lower()
+    family = re.search(r"\(family (\d+), model (\d+)\)", machine["cpu"])
+    if family:
+        assert tag.endswith(f"_f{family[1]}_m{family[2]}")
     from libratio_jax.physics import native  # and the instruction set of the native kernels
     assert machine["native_isa"] == (native._extension.cpu()["isa"] if native.status().fence
                                      else "none")

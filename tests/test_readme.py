@@ -66,9 +66,9 @@ def test_the_plot_of_the_committed_results_makes_its_folder(tmp_path, monkeypatc
     assert pathlib.Path(path) == folder / "plans_per_second.png"
     assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # A local run of a device whose committed results have another file name (the committed
-    # family-26 file beside a run that writes evaluate_throughput_cpu.json, the family-25
-    # file's name): its series come from the local run alone, the other device's stay.
+    # A local run of a device whose committed results have another file name (a run written
+    # with --out, or a committed file of an older name): its series come from the local run
+    # alone, the other devices' stay.
     import json
 
     committed = sorted((ROOT / "benchmarks" / "results").glob("evaluate_throughput_*.json"))
