@@ -139,6 +139,11 @@ def test_baselines_on_the_same_seeds_and_errors():
                        model=None, progress=False, log=lambda m: None)
     assert again["tasks"]["classic_precision"]["baselines"]["ideal table"]["summary"] == \
         t["ideal table"]["summary"]
+    # seeds wrap within 64-bit integers, as a pool's sessions' do: the records name them
+    top = L.play_baseline("Classic-FleetPrecision-v0", L.Baseline("random", "random",
+                                                                 act=L._space_sample),
+                          2, 2**63 - 1, max_turns=1)
+    assert [e["seed"] for e in top] == [2**63 - 1, -(2**63)]
     with pytest.raises(ValueError, match="unknown task"):
         L.resolve_tasks("chess")
     with pytest.raises(ValueError, match="go together"):

@@ -157,6 +157,10 @@ def test_trl_environment_protocol():
     for bad in ("11", 2**63, 2.5):  # named, not replaced by the next seed in silence
         with pytest.raises(ValueError, match="seed"):
             env.reset(**{**row, "seed": bad})
+    # rows' seeds wrap within 64-bit integers, as a pool's sessions' do
+    assert [r["seed"] for r in session_dataset(2, seed=2**63 - 1)] == [2**63 - 1, -(2**63)]
+    with pytest.raises(ValueError, match="session_dataset: seed"):
+        session_dataset(2, seed=2**63)
     with pytest.raises(ValueError, match="cannot be read"):
         env.submit_plan("I would use four GPUs.")
     with pytest.raises(ValueError, match="cannot be read"):
@@ -361,6 +365,19 @@ def test_seed_keys_are_jax_s_64_bit_keys_and_bad_seeds_name_their_field():
             seed_key(bad, "seeds")
     with pytest.raises(ValueError, match="seeds"):
         SessionPool(ENV, size=1, seed=0, params=PARAMS).reset(seeds=[2**63])
+    with pytest.raises(ValueError, match="^seed "):  # (the argument's name, not the pool's)
+        TextSession(ENV, params=PARAMS, seed=0).reset(seed=2**63)
+    # The largest seed's successors wrap to the smallest: a pool of the largest seed plays
+    # the seeds -1 + 2**63 and -2**63, as a session reset with them does.
+    top, bottom = SEED_RANGE[1] - 1, SEED_RANGE[0]
+    pool = SessionPool(ENV, size=2, seed=top, params=PARAMS)
+    alone = SessionPool(ENV, size=2, seed=0, params=PARAMS)
+    alone.reset(seeds=[top, bottom])
+    assert all(_same_state(pool.state(i), alone.state(i)) for i in range(2))
+    session = TextSession(ENV, params=PARAMS, seed=top)
+    session.reset()
+    session.reset()  # (its second episode: seed -2**63)
+    assert _same_state(session.pool.state(0), alone.state(1))
     for bad in (2.5, "3", None):  # before any tracing; a float seed was truncated
         with pytest.raises(ValueError, match="seed"):
             lj.make("Fleet-v0", seed=bad, bank_size=2)

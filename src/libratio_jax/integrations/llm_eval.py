@@ -52,7 +52,7 @@ from libratio_jax.env.fleet.env import FleetEnv
 from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make, registered_envs
-from libratio_jax.physics.checks import seed_key
+from libratio_jax.physics.checks import seed_key, seed_successor, seed_value
 from libratio_jax.text import codec as T
 from libratio_jax.text.session import SessionPool
 from libratio_jax.text.task import is_json_object
@@ -200,8 +200,10 @@ def baselines_for(env) -> list[Baseline]:
 
 def play_baseline(env_name: str, baseline: Baseline, n: int, seed: int, *, max_turns: int = 32,
                   **overrides) -> list[dict]:
-    """``n`` episodes of ``baseline`` (seeds ``seed + i``, as the model's); one record per
-    episode (score, turns, valid turns)."""
+    """``n`` episodes of ``baseline`` (seeds ``seed + i``, as the model's; wrapped within
+    64-bit integers, ``checks.seed_successor``); one record per episode (score, turns, valid
+    turns)."""
+    seed = seed_value(seed)
     pool = SessionPool(env_name, n, seed=seed, **overrides)
     env, params = pool.env, pool.params
     rewards = [[] for _ in range(n)]
@@ -225,7 +227,7 @@ def play_baseline(env_name: str, baseline: Baseline, n: int, seed: int, *, max_t
             if r is not None:
                 rewards[i].append(r.reward)
                 valid[i] += r.info["stage"] == "valid"
-    return [{"seed": seed + i, "status": "ok" if pool.done[i] else "truncated",
+    return [{"seed": seed_successor(seed, i), "status": "ok" if pool.done[i] else "truncated",
              "score": float(np.mean(rw)) if rw else 0.0, "turns": len(rw),
              "valid_turns": valid[i]} for i, rw in enumerate(rewards)]
 
@@ -341,18 +343,20 @@ async def play_model(env_name: str, client, n: int, seed: int, *, concurrency: i
     serve``; one record per episode with its transcript."""
     from tqdm.auto import tqdm
 
+    seed = seed_value(seed)
     if env_url is None:
         pool = SessionPool(env_name, n, seed=seed, **overrides)
         episodes = [_LocalEpisode(pool, i) for i in range(n)]
     else:
-        episodes = [_RemoteEpisode(env_url, env_name, seed + i) for i in range(n)]
+        episodes = [_RemoteEpisode(env_url, env_name, seed_successor(seed, i))
+                    for i in range(n)]
     sem = asyncio.Semaphore(concurrency)
     with tqdm(total=n, desc=env_name, unit="episode", disable=not progress,
               file=sys.stderr) as bar:
         records = await asyncio.gather(*(
             _play_episode(e, client, sem, max_turns, bar) for e in episodes))
     for i, r in enumerate(records):
-        r["seed"] = seed + i
+        r["seed"] = seed_successor(seed, i)
     return list(records)
 
 

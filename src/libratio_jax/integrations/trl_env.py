@@ -96,7 +96,7 @@ class SessionEnvironment:
         ``checks.SEED_RANGE``). Returns the first observation."""
         seed = kwargs.get("seed")
         if seed is None:
-            seed, self._next_seed = self._next_seed, self._next_seed + 1
+            seed, self._next_seed = self._next_seed, checks.seed_successor(self._next_seed, 1)
         else:
             seed = checks.seed_value(seed, "reset: seed")
         self.rewards, self.feedback = [], []
@@ -349,10 +349,11 @@ def session_dataset(n: int, environment: type[SessionEnvironment] = FleetEnviron
                     seed: int = 0) -> list[dict]:
     """``n`` rows for multi-turn training: ``prompt`` (the task's system prompt with its tool
     note, and a short user message; ``reset`` appends the observation) and ``seed``
-    (``seed + i``: the row's episode)."""
+    (``seed + i``, wrapped within 64-bit integers: the row's episode)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"session_dataset: n must be a positive integer, got {n!r}")
+    seed = checks.seed_value(seed, "session_dataset: seed")
     system = environment.system_prompt()
     return [{"prompt": [{"role": "system", "content": system},
                         {"role": "user", "content": USER_PROMPT}],
-             "seed": seed + i} for i in range(n)]
+             "seed": checks.seed_successor(seed, i)} for i in range(n)]

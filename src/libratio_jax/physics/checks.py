@@ -83,6 +83,18 @@ def seed_value(value: Any, field: str = "seed") -> int:
     return integer(value, field, SEED_RANGE[0], SEED_RANGE[1] - 1)
 
 
+def seed_successor(seed: int, i: int) -> int:
+    """``seed + i`` wrapped into :data:`SEED_RANGE` (seeds as 64-bit integers, modulo 2**64):
+    the ``i``-th seed of a stream that starts at ``seed``, defined for every seed of the range
+    (``SEED_RANGE[1] - 1`` is followed by ``SEED_RANGE[0]``).
+
+        >>> seed_successor(5, 2), seed_successor(2**63 - 1, 1)
+        (7, -9223372036854775808)
+    """
+    low, high = SEED_RANGE
+    return (seed + i - low) % (high - low) + low
+
+
 def seed_key(seed: Any, field: str = "seed"):
     """The PRNG key of an integer ``seed`` in :data:`SEED_RANGE` (a ``ValueError`` naming
     ``field`` otherwise; a 0-d integer array counts as its value): ``jax.random.PRNGKey(seed)``

@@ -48,7 +48,7 @@ from libratio_jax.env.fleet.oversight import FleetOversightEnv
 from libratio_jax.env.fleet.recovery import FleetRecoveryEnv
 from libratio_jax.env.registry import make
 from libratio_jax.env.rlcluster import RLClusterEnv
-from libratio_jax.physics.checks import seed_key, seed_value
+from libratio_jax.physics.checks import seed_key, seed_successor, seed_value
 from libratio_jax.text import classic_tasks as CT
 from libratio_jax.text.codec import exact_text
 from libratio_jax.text.fleet_task import (
@@ -153,11 +153,12 @@ def _one(tree, i: int):
 class SessionPool:
     """``size`` concurrent text episodes of one environment (a registered name with
     :func:`~libratio_jax.make`'s ``overrides``, or an env object with ``params``).
-    Session ``i`` is seeded with ``seed + i`` (or the seeds given to :meth:`reset`)."""
+    Session ``i`` is seeded with ``seed + i`` (wrapped within 64-bit integers:
+    ``checks.seed_successor``), or with the seeds given to :meth:`reset`."""
 
     def __init__(self, env: str | Environment = "Fleet-v0", size: int = 1, *, params=None,
                  seed: int = 0, **overrides):
-        seed = seed_value(seed)  # a Python int: ``seed + i`` cannot wrap
+        seed = seed_value(seed)
         if isinstance(env, str):
             env, default = make(env, **overrides)
             params = default if params is None else params
@@ -180,7 +181,7 @@ class SessionPool:
         self._host: list[Any] = [None] * self.size  # each session's state (NumPy)
         self._done = np.zeros(self.size, bool)
         self._rounds = np.zeros(self.size, np.int64)
-        self.reset(seeds=[seed + i for i in range(self.size)])
+        self.reset(seeds=[seed_successor(seed, i) for i in range(self.size)])
 
     @property
     def system_prompt(self) -> str:
@@ -363,9 +364,10 @@ class TextSession:
         return self.pool.system_prompt
 
     def reset(self, seed: int | None = None) -> str:
-        """A new episode (``seed``: default the session's seed, then its successors)."""
-        if seed is None:
-            seed = self._seed + self._episodes
+        """A new episode (``seed``: default the session's seed, then its successors,
+        wrapped within 64-bit integers as :class:`SessionPool` seeds its sessions)."""
+        seed = (seed_successor(self._seed, self._episodes) if seed is None
+                else seed_value(seed))
         self._episodes += 1
         return self.pool.reset(seeds=[seed])[0]
 
