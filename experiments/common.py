@@ -76,16 +76,11 @@ TRAIN_SEED = 0      # training scenarios of the policies (disjoint keys)
 
 
 def recipes(level: str, n: int, seed: int = EVAL_SEED):
-    """``n`` scenario recipes of a level (``"presets"``: the seven named fleets)."""
-    import jax
+    """``n`` scenario recipes of a level (``"presets"``: the seven named fleets), the held-out
+    ones by default (``scenarios.level_recipes``)."""
+    from libratio_jax.scenarios import level_recipes
 
-    from libratio_jax import scenarios as S
-    from libratio_jax.physics.checks import seed_key
-
-    if level == "presets":
-        return [S.preset_recipe(name) for name in S.PRESET_NAMES[:n]]
-    gen, base = S.Generator(level), seed_key(seed)
-    return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
+    return level_recipes(level, n, seed)
 
 
 def cem_reference(recipe_list, *, iterations: int, num_samples: int, seed: int = 0,

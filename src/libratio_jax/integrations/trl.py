@@ -62,7 +62,7 @@ from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity
 from libratio_jax.rewards.compose import RewardParams
 from libratio_jax.rewards.ird import RULE_NAMES
 from libratio_jax.scenarios import LEVELS as SCENARIO_LEVELS
-from libratio_jax.scenarios import PRESET_NAMES, Generator, ScenarioRecipe, preset_recipe
+from libratio_jax.scenarios import ScenarioRecipe, level_recipes
 from libratio_jax.text import codec as T
 from libratio_jax.text.judge import Judgement, RewardEngine
 from libratio_jax.text.prompts import SYSTEM_PROMPT, chat_prompt, scenario_messages
@@ -74,13 +74,9 @@ LEVELS = (*SCENARIO_LEVELS, "presets")
 
 
 def _recipes(n: int, seed: int, difficulty: str) -> list[ScenarioRecipe]:
-    if difficulty == "presets":
-        return [preset_recipe(PRESET_NAMES[i % len(PRESET_NAMES)]) for i in range(n)]
-    if difficulty not in SCENARIO_LEVELS:
+    if difficulty != "presets" and difficulty not in SCENARIO_LEVELS:
         raise ValueError(f"difficulty must be one of {LEVELS}, got {difficulty!r}")
-    gen = Generator(difficulty)
-    base = checks.seed_key(seed)
-    return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
+    return level_recipes(difficulty, n, seed)
 
 
 @functools.cache

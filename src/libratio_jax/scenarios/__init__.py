@@ -13,10 +13,12 @@ from libratio_jax.scenarios.generator import (
     LEVELS,
     Generator,
     generate_bank,
+    level_recipes,
     scenario_bank,
 )
 from libratio_jax.scenarios.presets import PRESET_NAMES, preset, preset_recipe
 from libratio_jax.scenarios.recipe import ScenarioRecipe
 
 __all__ = ["DEFAULT_CAPACITY", "LEVELS", "LEVEL_SPECS", "PRESET_NAMES", "Capacity", "Generator",
-           "ScenarioRecipe", "generate_bank", "preset", "preset_recipe", "scenario_bank"]
+           "ScenarioRecipe", "generate_bank", "level_recipes", "preset", "preset_recipe",
+           "scenario_bank"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from libratio_jax.physics.checks import seed_key
 from libratio_jax.physics.scenario import DEFAULT_CAPACITY, Capacity, Scenario
+from libratio_jax.scenarios.presets import PRESET_NAMES, preset_recipe
 from libratio_jax.scenarios.recipe import ScenarioRecipe
 
 LEVELS = ("easy", "medium", "hard")
@@ -111,6 +112,25 @@ def scenario_bank(scenarios: Sequence[Scenario]) -> Scenario:
     # Stacked on the host: jnp.stack of thousands of operands compiles one huge concatenate.
     return jax.tree.map(lambda *x: jnp.asarray(np.stack([np.asarray(a) for a in x])),
                         *scenarios)
+
+
+def level_recipes(level: str, n: int, seed: int = 0,
+                  capacity: Capacity = DEFAULT_CAPACITY) -> list[ScenarioRecipe]:
+    """``n`` scenario recipes of a level: recipe ``i`` from ``fold_in(seed_key(seed), i)``,
+    those of the scenarios :func:`generate_bank` builds; ``level="presets"``: the seven named
+    presets in turn (``seed`` unused).
+
+        >>> level_recipes("presets", 2) == [preset_recipe(n) for n in PRESET_NAMES[:2]]
+        True
+        >>> level_recipes("easy", 3, seed=1)[2] == Generator("easy").recipe(
+        ...     jax.random.fold_in(seed_key(1), 2))
+        True
+    """
+    if level == "presets":
+        return [preset_recipe(PRESET_NAMES[i % len(PRESET_NAMES)]) for i in range(n)]
+    gen = Generator(level, capacity)
+    base = seed_key(seed)
+    return [gen.recipe(jax.random.fold_in(base, i)) for i in range(n)]
 
 
 def generate_bank(level: str, n: int, seed: int = 0,
