@@ -435,3 +435,26 @@ def test_a_refused_reset_keeps_the_running_episode():
             r = post(url + "/fleet/step", json={"precision_strategy": {"ffn": "BF16"}},
                      headers=h)
             assert r.status_code == 200 and r.json()["reward"]["feedback"].startswith("Turn 1")
+
+
+def test_malformed_websocket_frames_are_answered_and_the_session_goes_on(server):
+    """Frames openenv-core's ``/ws`` loop cannot read (a binary frame; JSON that is not an
+    object, which its ``message.get`` raised on) are answered with an error frame, and the
+    session's episode goes on: before, either ended the session."""
+    import json
+
+    from websockets.sync.client import connect
+
+    with connect(server.replace("http", "ws", 1) + "/ws") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task": PRECISION, "seed": 0}}))
+        first = json.loads(ws.recv(timeout=TIMEOUT))
+        assert first["type"] == "observation"
+        for bad in ("[1, 2]", "7", '"reset"', "null", b"\x00\x01", "  [", "{not json"):
+            ws.send(bad)
+            got = json.loads(ws.recv(timeout=TIMEOUT))
+            assert got["type"] == "error" and got["data"]["message"], (bad, got)
+        ws.send(json.dumps({"type": "state"}))
+        state = json.loads(ws.recv(timeout=TIMEOUT))
+        assert state["type"] == "state" and state["data"]["step_count"] == 0
+        ws.send(json.dumps({"type": "step", "data": {"reply": "x"}}))
+        assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "observation"

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -160,6 +161,41 @@ class _QuietDisconnect:
             await self.app(scope, receive, send)
 
 
+class _ObjectFrames:
+    """ASGI middleware: a ``/ws`` frame that is not a JSON object in text is answered here
+    with an error frame (``INVALID_JSON``, as openenv-core answers text that is not JSON) and
+    not passed on, so the session and its episode go on. openenv-core 0.3's loop ends the
+    session on a binary frame (it reads text only) and on JSON that is not an object (it
+    calls ``.get`` on it). Text whose first non-blank character is ``{`` passes: an object,
+    or text that is not JSON, which openenv-core answers itself."""
+
+    _OBJECT = re.compile(r"\s*\{")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "websocket" or scope.get("path") != "/ws":
+            return await self.app(scope, receive, send)
+
+        async def objects_only():
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return message
+                text = message.get("text")
+                if text is not None and self._OBJECT.match(text):
+                    return message
+                what = "a binary frame" if text is None else "JSON that is not an object"
+                await send({"type": "websocket.send", "text": json.dumps({
+                    "type": "error",
+                    "data": {"message": f"{what}: send one JSON object per text frame, "
+                                        'e.g. {"type": "reset", "data": {}}',
+                             "code": "INVALID_JSON"}})})
+
+        await self.app(scope, objects_only, send)
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -223,6 +259,7 @@ def build_app(*, max_sessions: int = 256, window_seconds: float | None = 0.002,
                          max_concurrent_envs=max_sessions, session_timeout=idle_seconds))
     app.state.hub = hub
     app.add_middleware(_QuietDisconnect)
+    app.add_middleware(_ObjectFrames)
     sessions = _Sessions(hub, max_sessions, idle_seconds)
     app.state.sessions = sessions
     # The original's /health replaces OpenEnv's.
