@@ -24,7 +24,9 @@ WARMUP_SECONDS = 2.0
 
 class Timing(NamedTuple):
     """What :func:`time_steady` measured: ``run_seconds`` is the median of ``calls`` steady-
-    state calls, ``run_seconds_p10`` / ``run_seconds_p90`` their 10th and 90th percentiles."""
+    state calls, ``run_seconds_p10`` / ``run_seconds_p90`` their 10th and 90th percentiles
+    (the lower nearest rank: with fewer than 11 calls the 10th is the fastest call, and the
+    90th is never the slowest), ``run_seconds_max`` the slowest."""
 
     compile_seconds: float
     run_seconds: float
@@ -32,6 +34,7 @@ class Timing(NamedTuple):
     calls: int
     run_seconds_p10: float
     run_seconds_p90: float
+    run_seconds_max: float
 
 
 def time_steady(fn, *args, repeats: int = 5, min_seconds: float = 0.0,
@@ -42,9 +45,10 @@ def time_steady(fn, *args, repeats: int = 5, min_seconds: float = 0.0,
     packed program, on a scenario's second call) is in neither number; they are at least
     ``repeats`` and go on until they have taken ``min_seconds`` in all (at most
     ``max_calls``): on a shared machine whose speed drifts within seconds, a median of a few
-    millisecond-calls reports the drift (4,096 full-resolution plans with layer_stability:
-    medians of 5 calls 2.6-7.9 ms, of 300 calls 2.6-2.9 ms in the same minutes). Says on
-    stderr what it is doing (the first call may compile for a while)."""
+    millisecond-calls reports the drift (4,096 full-resolution plans with layer_stability,
+    one machine and one code: a median of 5 calls 7.9 ms, of 300 calls in one process
+    2.59 ms minutes later; docs/performance.md, forty-second round). Says on stderr what it
+    is doing (the first call may compile for a while)."""
     print(f"{label or getattr(fn, '__name__', 'call')}: compiling, warming up, then "
           f"{repeats} timed runs" + (f" (at least {min_seconds:g} s)" if min_seconds else "")
           + " ...", file=sys.stderr, flush=True)
@@ -57,14 +61,17 @@ def time_steady(fn, *args, repeats: int = 5, min_seconds: float = 0.0,
             break
         out = jax.block_until_ready(fn(*args))
     times: list[float] = []
-    while len(times) < repeats or (sum(times) < min_seconds and len(times) < max_calls):
+    total = 0.0
+    while len(times) < repeats or (total < min_seconds and len(times) < max_calls):
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
+        total += times[-1]
     run_s = statistics.median(times)
     ordered = sorted(times)
     return Timing(max(first - run_s, 0.0), run_s, out, len(times),
-                  ordered[(len(ordered) - 1) // 10], ordered[(len(ordered) - 1) * 9 // 10])
+                  ordered[(len(ordered) - 1) // 10], ordered[(len(ordered) - 1) * 9 // 10],
+                  ordered[-1])
 
 
 def time_jitted(fn, *args, repeats: int = 5, label: str = ""):
@@ -143,7 +150,9 @@ _VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
 def machine_tag() -> str:
     """A file-name tag of this CPU's kind, e.g. ``amd_f26_m2`` (vendor, family and model, as
     :func:`host` names them; on Arm ``arm_{implementer}_{part}``; else the platform's machine
-    name), so that each kind of machine keeps its own committed results."""
+    name), so that each kind of machine keeps its own committed results; with ``_{isa}``
+    added (``_avx2``, ``_none``...) where the native kernels use less than this CPU has
+    (``LIBRATIO_NATIVE=0``, ``LIBRATIO_NATIVE_ISA``), so that such a run keeps its own too."""
     fields = _cpuinfo()
     if "cpu family" in fields and "model" in fields:
         vendor = _VENDORS.get(fields.get("vendor_id", ""), fields.get("vendor_id", "x86"))
@@ -152,7 +161,18 @@ def machine_tag() -> str:
         tag = f"arm_{fields['CPU implementer']}_{fields['CPU part']}"
     else:
         tag = platform.machine() or "unknown"
+    isa = native_isa()
+    if isa != _detected_isa():
+        tag += f"_{isa}"
     return "".join(c if c.isalnum() or c == "_" else "_" for c in tag.lower())
+
+
+def _detected_isa() -> str:
+    """The best instruction set the native kernels could use on this CPU (``none`` without
+    the extension)."""
+    from libratio_jax.physics import native
+
+    return native._extension.cpu()["detected"] if native._extension is not None else "none"
 
 
 def native_isa() -> str:

@@ -7,7 +7,7 @@ batch, layers, block_groups, layer_stability (whether the per-row output was com
 batch of more than one plan is measured both ways), rows_per_plan (tenant slots x rows per
 model: the rows the kernel evaluates per plan), plans_per_second, row_evaluations_per_second
 (plans/s x rows_per_plan), compile_seconds, run_seconds, timed_calls, run_seconds_p10,
-run_seconds_p90, reference_plans_per_second, speedup_vs_reference.
+run_seconds_p90, run_seconds_max, reference_plans_per_second, speedup_vs_reference.
 Where the C library is glibc, the largest full-resolution batch is measured once more (with and
 without ``layer_stability``) in a fresh process that calls ``lj.inline_cpu_dispatch()`` and
 ``lj.reuse_host_memory()`` first (its records have ``host_memory: "reused"`` and
@@ -15,10 +15,10 @@ without ``layer_stability``) in a fresh process that calls ``lj.inline_cpu_dispa
 Batch 1 is the jitted program on one plan (no validation: ``evaluate_single_call`` below has
 the whole call). Compile time is the first call (trace + XLA compile + one run) minus a steady-
 state run; run time is the median of the steady-state calls (``timed_calls``: at least
-``--repeats``, and as many more as fit in ``--min-seconds``, ``MIN_SECONDS`` by default; their
-10th and 90th percentiles beside it), after up to 12 warm-up calls (``common.time_steady``: a
-scenario's second call compiles its packed program, and the first calls of a large output
-page-fault while the allocator's heap grows). Then, per resolution,
+``--repeats``, and as many more as fit in ``--min-seconds``, ``MIN_SECONDS`` by default;
+their 10th and 90th percentiles and the slowest beside it), after up to 12 warm-up calls
+(``common.time_steady``: a scenario's second call compiles its packed program, and the first
+calls of a large output page-fault while the allocator's heap grows). Then, per resolution,
 two lines ``evaluate_single_call`` per plan of ``PLAN_FORMATS``: microseconds of one
 ``lj.evaluate`` call on one plan of NumPy arrays, or JAX arrays (validation, dispatch and the
 result included; what a server step pays), the median of ``--repeats`` rounds of 200 calls,
@@ -155,6 +155,7 @@ def batch_records(sc, block_groups, batches, modes, repeats: int, ref_rate: floa
                 "timed_calls": timing.calls,
                 "run_seconds_p10": round(timing.run_seconds_p10, 6),
                 "run_seconds_p90": round(timing.run_seconds_p90, 6),
+                "run_seconds_max": round(timing.run_seconds_max, 6),
                 "reference_plans_per_second": round(ref_rate, 2),
                 "speedup_vs_reference": round(rate / ref_rate, 1),
             }

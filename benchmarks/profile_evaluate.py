@@ -6,7 +6,8 @@ trace, on whatever device JAX runs (a GPU through the device tool, or the CPU).
                                           [--xla-class-path] [--top 25]
                                           [--out FILE]
 
-Times the call (median of ``--repeats`` steady-state calls, the jitted program of
+Times the call (median of at least ``--repeats`` steady-state calls that take at least
+``--min-seconds`` in all, ``common.time_steady``; the jitted program of
 ``lj.evaluate(..., validate=False)`` on the reference scenario, plans as
 ``evaluate_throughput.py`` makes them), then traces one more call and prints one JSON line per
 kernel, the ``--top`` longest first: ``kernel`` (XLA's fusion or library kernel name),
@@ -42,7 +43,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import gpu_class_path, time_jitted  # noqa: E402
+from common import gpu_class_path, time_steady  # noqa: E402
 from evaluate_throughput import _tile  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
@@ -83,6 +84,7 @@ def main(argv=None) -> None:
     ap.add_argument("--xla-class-path", action="store_true",
                     help="no Pallas kernel: XLA's counts and per-entry roofline (see above)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--min-seconds", type=float, default=1.0)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="write the records (JSON) and the trace")
     args = ap.parse_args(argv)
@@ -94,8 +96,8 @@ def main(argv=None) -> None:
     sc = lj.reference_scenario(block_groups=args.block_groups or None)
     plans = _tile(sample_plans(sc, 4096, seed=0), args.batch)
     fn = functools.partial(lj.evaluate, validate=False, layer_stability=args.layer_stability)
-    _, run_s, _ = time_jitted(fn, sc, plans, repeats=args.repeats,
-                              label=f"evaluate, {sc.num_layers} rows, batch {args.batch:,}")
+    run_s = time_steady(fn, sc, plans, repeats=args.repeats, min_seconds=args.min_seconds,
+                        label=f"evaluate, {sc.num_layers} rows, batch {args.batch:,}").run_seconds
     folder = tempfile.mkdtemp(prefix="lj-profile-")
     try:
         jax.profiler.start_trace(folder)

@@ -144,7 +144,14 @@ def test_outputs_go_to_an_untracked_folder_unless_asked(tmp_path):
     assert tag and all(c.isalnum() or c == "_" for c in tag) and tag == tag.lower()
     family = re.search(r"\(family (\d+), model (\d+)\)", machine["cpu"])
     if family:
-        assert tag.endswith(f"_f{family[1]}_m{family[2]}")
+        assert f"_f{family[1]}_m{family[2]}" in tag
+    # a run whose native kernels use less than the CPU has keeps a file of its own
+    real = bench.native_isa
+    try:
+        bench.native_isa = lambda: "scalar" if bench._detected_isa() != "scalar" else "none"
+        assert bench.machine_tag() == tag.removesuffix("_" + real()) + "_" + bench.native_isa()
+    finally:
+        bench.native_isa = real
     from libratio_jax.physics import native  # and the instruction set of the native kernels
     assert machine["native_isa"] == (native._extension.cpu()["isa"] if native.status().fence
                                      else "none")
@@ -161,7 +168,7 @@ def test_benchmark_timing_takes_min_seconds_of_calls(monkeypatch):
     # A fake clock: each call moves it by the next duration (binary fractions: sums exact);
     # the first call, 2 warm-up calls, then the timed ones.
     cycle = [0.25, 0.125, 0.5, 0.375, 0.75]
-    durations = iter([8.0] + cycle * 10)
+    durations = iter([8.0] + cycle * 100)
     clock = [0.0]
 
     def fn(x):
@@ -170,12 +177,24 @@ def test_benchmark_timing_takes_min_seconds_of_calls(monkeypatch):
 
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(bench, "WARMUP_CALLS", 2)
+    monkeypatch.setattr(bench, "WARMUP_SECONDS", 1e9)
     t = bench.time_steady(fn, 1, repeats=3, min_seconds=2.0)
     timed = (cycle * 2)[2:7]  # until their sum reaches 2 s: 0.5 + 0.375 + 0.75 + 0.25 + 0.125
     assert t.calls == len(timed) == 5 and t.result == 1
     assert t.run_seconds == float(np.median(timed))
     assert t.compile_seconds == 8.0 - t.run_seconds
+    # lower nearest ranks: sorted index (n - 1) // 10 and (n - 1) * 9 // 10
     assert (t.run_seconds_p10, t.run_seconds_p90) == (min(timed), sorted(timed)[3])
+    assert t.run_seconds_max == max(timed)
+    # 23 timed calls (after the first and 2 warm-up calls): percentiles not at the ends;
+    # max_calls stops a long run
+    durations = iter(cycle * 100)
+    t = bench.time_steady(fn, 1, repeats=23)
+    timed = sorted((cycle * 6)[3:26])
+    assert t.calls == 23 and t.run_seconds == timed[11]
+    assert (t.run_seconds_p10, t.run_seconds_p90, t.run_seconds_max) == (timed[2], timed[19],
+                                                                         timed[22])
+    assert bench.time_steady(fn, 1, repeats=1, min_seconds=1e6, max_calls=9).calls == 9
     assert bench.time_steady(fn, 1, repeats=4).calls == 4  # (no min_seconds: the repeats)
 
 

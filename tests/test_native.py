@@ -399,7 +399,8 @@ def test_native_picked_sums_never_reuse_another_calls_tables():
 
 @needs_native
 @pytest.mark.parametrize("b", [1, 70, 600])  # 600: several tasks on the thread pool
-@pytest.mark.parametrize("l", [32, 41])  # whole vectors of 16 rows, and a rest after them
+@pytest.mark.parametrize("l", [14, 32, 41])  # a rest alone, whole vectors of 16 rows, both
+#                                               (b >= 64: by distinct columns, every row's own)
 def test_native_rows_equal_the_xla_rows(b, l, isa):
     """Each row's score picked from a ``[F, M, L]`` table at its id (format 0 for ids out of
     the domain), the fallback format's for the tenants not kept: as ``stability.

@@ -651,11 +651,14 @@ const Columns& ColumnsFor(const float* table, int64_t F, int64_t M, int64_t L) {
 
 // On masks: AVX-512 loads and stores under a mask (even all ones) take ~2x their plain
 // forms on an AMD EPYC of family 26 (the forty-second round: one tenant's rows picked from its
-// distinct columns, in C alone, 4,096 plans over two threads: 1.3-1.9 -> 0.6-0.9 ms), so the
-// kernels use a mask only where a vector is partial. The rows' kernel alone (lj_rows_stability
-// on 4,096 full-resolution plans, alternating processes): 1.1-1.7 -> 0.7-1.15 ms; the whole
-// call with layer_stability ~3.6 -> ~2.8 ms (medians). In the counts and sums, no change
-// measurable in a whole call.
+// distinct columns, in C alone, 4,096 plans over two threads, output cache-hot: 1.06-1.88 ->
+// 0.49-0.92 ms; cold: 1.02-1.97 -> 0.87-1.16 ms), so the rows' kernels below, the sums'
+// count loads and stores (SumsAvx512<Full>) and the one-byte counts' tile loads and stores
+// (TransposeTile, StoreCounts) use a mask only where a vector is partial. The rows' kernel
+// alone (lj_rows_stability on 4,096 full-resolution plans, alternating processes): 1.10-1.68
+// -> 0.70-1.15 ms; the whole call with layer_stability ~3.6 -> ~2.8 ms (medians). In the
+// counts and sums, no change measurable in a whole call. Still masked on whole vectors: the
+// float counts' stores, the counts' `complete` bytes, the merged rows' picked sums.
 #define LJ_AVX512_BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 LJ_AVX512_BW inline __m512 GatherScores(const float* table, __m512i f, __m512i n_formats,
@@ -997,7 +1000,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 LoadCounts(
 template <bool Full>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void StoreSums(
     float* x, __mmask16 mask, __m512 v) {
-  if (Full) _mm512_storeu_ps(x, v);
+  if constexpr (Full) _mm512_storeu_ps(x, v);
   else _mm512_mask_storeu_ps(x, mask, v);
 }
 
