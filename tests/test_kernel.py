@@ -1221,6 +1221,57 @@ def test_inline_cpu_dispatch_only_before_the_backend_starts():
     assert jax.config.read("jax_cpu_enable_async_dispatch") == before
 
 
+def test_batch_programs_ask_for_512_bit_vectors_where_measured(monkeypatch):
+    """``cpu_options.batch_compiler_options``: 512-bit vectors on an AMD CPU with AVX-512
+    (the kind measured), XLA's defaults elsewhere, the width ``LIBRATIO_VECTOR_WIDTH`` names
+    on any CPU, a ValueError naming it for another value; ``lj.evaluate`` compiles a batch's
+    program (not one plan's) on the CPU with them, and its metrics are the same up to float
+    rounding."""
+    from libratio_jax.physics import cpu_options as O
+
+    amd = {"vendor_id": "AuthenticAMD", "flags": "fpu avx2 avx512f avx512bw"}
+    wide = {"xla_cpu_prefer_vector_width": "512"}
+    assert O.batch_compiler_options(cpu=amd, environ={}) == wide
+    assert O.batch_compiler_options(cpu={**amd, "flags": "fpu avx2"}, environ={}) == {}
+    assert O.batch_compiler_options(cpu={**amd, "vendor_id": "GenuineIntel"}, environ={}) == {}
+    assert O.batch_compiler_options(cpu={}, environ={}) == {}
+    assert O.batch_compiler_options(cpu={}, environ={O.ENV_SWITCH: "512"}) == wide
+    assert O.batch_compiler_options(cpu=amd, environ={O.ENV_SWITCH: " 256"}) == {
+        "xla_cpu_prefer_vector_width": "256"}
+    for bad in ("1024", "wide", "512.0"):
+        with pytest.raises(ValueError, match=O.ENV_SWITCH):
+            O.batch_compiler_options(cpu=amd, environ={O.ENV_SWITCH: bad})
+    # the options reach jax.jit for a batch's program only, and change no bit of the metrics
+    sc = lj.reference_scenario(block_groups=1)
+    plans = sample_plans(sc, 96, seed=5)
+    asked = []
+    real_jit = jax.jit
+
+    def jit(fn, **kw):  # (jax.jit itself: record the calls of kernel._program's)
+        if getattr(fn, "__qualname__", "").startswith("_program."):
+            asked.append(kw.get("compiler_options"))
+        return real_jit(fn, **kw)
+
+    outs = {}
+    for width in ("256", "512"):
+        monkeypatch.setenv(O.ENV_SWITCH, width)
+        monkeypatch.setattr(kernel.jax, "jit", jit)
+        kernel._program.cache_clear()
+        outs[width] = lj.evaluate(sc, plans)
+        monkeypatch.setattr(kernel.jax, "jit", real_jit)
+    kernel._program.cache_clear()
+    assert asked == [{"xla_cpu_prefer_vector_width": w} for w in ("256", "512")]
+    # equal up to float rounding (sums may round apart in their last bit), flags exactly
+    for x, y in zip(jax.tree.leaves(outs["256"]), jax.tree.leaves(outs["512"]), strict=True):
+        if np.issubdtype(np.asarray(x).dtype, np.floating):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=0.0)
+        else:
+            np.testing.assert_array_equal(x, y)
+    monkeypatch.setattr(kernel.jax, "jit", jit)
+    lj.evaluate(sc, jax.tree.map(lambda x: x[0], plans))  # one plan: XLA's defaults
+    assert asked[2:] and all(o is None for o in asked[2:])
+
+
 def test_synchronous_cpu_device_is_one_private_client(monkeypatch):
     """With JAX's asynchronous CPU dispatch (the tests' own) one plan's programs run on a
     device of one private CPU client, not JAX's own, that runs them in the calling thread;

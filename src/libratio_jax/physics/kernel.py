@@ -26,7 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from libratio_jax.physics import cpu_dispatch, cuda_kernels, gpu_kernels, native, safety, stability
+from libratio_jax.physics import (
+    cpu_dispatch,
+    cpu_options,
+    cuda_kernels,
+    gpu_kernels,
+    native,
+    safety,
+    stability,
+)
 from libratio_jax.physics import formats as F
 from libratio_jax.physics.architecture import ROW_FIELDS
 from libratio_jax.physics.cpu_dispatch import inline_dispatch as _inline_dispatch
@@ -1076,7 +1084,10 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         return arrays
 
     if device is None:
-        program = jax.jit(run)
+        # a batch's program on the CPU with this CPU's vector width (physics/cpu_options.py)
+        options = (cpu_options.batch_compiler_options()
+                   if batch_shape and jax.default_backend() == "cpu" else None)
+        program = jax.jit(run, compiler_options=options or None)
     else:  # (one sharding for every argument and output)
         on_device = jax.sharding.SingleDeviceSharding(device)
         program = jax.jit(run, in_shardings=on_device, out_shardings=on_device)
