@@ -1229,9 +1229,12 @@ def test_batch_programs_ask_for_512_bit_vectors_where_measured(monkeypatch):
     rounding."""
     from libratio_jax.physics import cpu_options as O
 
-    amd = {"vendor_id": "AuthenticAMD", "flags": "fpu avx2 avx512f avx512bw"}
+    amd = {"vendor_id": "AuthenticAMD", "cpu family": "26", "flags": "fpu avx2 avx512f avx512bw"}
     wide = {"xla_cpu_prefer_vector_width": "512"}
     assert O.batch_compiler_options(cpu=amd, environ={}) == wide
+    assert O.batch_compiler_options(cpu={**amd, "cpu family": "27"}, environ={}) == wide
+    assert O.batch_compiler_options(cpu={**amd, "cpu family": "25"}, environ={}) == {}  # Zen 4
+    assert O.batch_compiler_options(cpu={**amd, "cpu family": ""}, environ={}) == {}
     assert O.batch_compiler_options(cpu={**amd, "flags": "fpu avx2"}, environ={}) == {}
     assert O.batch_compiler_options(cpu={**amd, "vendor_id": "GenuineIntel"}, environ={}) == {}
     assert O.batch_compiler_options(cpu={}, environ={}) == {}
@@ -1241,7 +1244,10 @@ def test_batch_programs_ask_for_512_bit_vectors_where_measured(monkeypatch):
     for bad in ("1024", "wide", "512.0"):
         with pytest.raises(ValueError, match=O.ENV_SWITCH):
             O.batch_compiler_options(cpu=amd, environ={O.ENV_SWITCH: bad})
-    # the options reach jax.jit for a batch's program only, and change no bit of the metrics
+    # the options reach jax.jit for a batch's program only (of more than one plan), and
+    # change the metrics only by float rounding
+    if jax.default_backend() != "cpu":
+        return
     sc = lj.reference_scenario(block_groups=1)
     plans = sample_plans(sc, 96, seed=5)
     asked = []
@@ -1261,15 +1267,26 @@ def test_batch_programs_ask_for_512_bit_vectors_where_measured(monkeypatch):
         monkeypatch.setattr(kernel.jax, "jit", real_jit)
     kernel._program.cache_clear()
     assert asked == [{"xla_cpu_prefer_vector_width": w} for w in ("256", "512")]
-    # equal up to float rounding (sums may round apart in their last bit), flags exactly
-    for x, y in zip(jax.tree.leaves(outs["256"]), jax.tree.leaves(outs["512"]), strict=True):
+    _assert_rounding_apart(outs["256"], outs["512"])
+    monkeypatch.setattr(kernel.jax, "jit", jit)
+    lj.evaluate(sc, jax.tree.map(lambda x: x[0], plans))  # one plan: XLA's defaults
+    lj.evaluate(sc, jax.tree.map(lambda x: x[:1], plans))  # a batch of one plan too
+    assert len(asked) >= 3 and all(o is None for o in asked[2:])
+    # Inside a trace, its arguments closed over (concrete): the pure function in the caller's
+    # program (a nested jit may not carry compiler options: this raised a ValueError)
+    monkeypatch.setattr(kernel.jax, "jit", real_jit)
+    _assert_rounding_apart(jax.jit(lambda: lj.evaluate(sc, plans))(), outs["512"])
+    kernel._program.cache_clear()
+
+
+def _assert_rounding_apart(a, b):
+    """Metrics equal up to float rounding (sums may round apart in their last bits), flags
+    and integers exactly."""
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         if np.issubdtype(np.asarray(x).dtype, np.floating):
             np.testing.assert_allclose(x, y, rtol=1e-6, atol=0.0)
         else:
             np.testing.assert_array_equal(x, y)
-    monkeypatch.setattr(kernel.jax, "jit", jit)
-    lj.evaluate(sc, jax.tree.map(lambda x: x[0], plans))  # one plan: XLA's defaults
-    assert asked[2:] and all(o is None for o in asked[2:])
 
 
 def test_synchronous_cpu_device_is_one_private_client(monkeypatch):

@@ -449,7 +449,9 @@ def test_malformed_websocket_frames_are_answered_and_the_session_goes_on(server)
         ws.send(json.dumps({"type": "reset", "data": {"task": PRECISION, "seed": 0}}))
         first = json.loads(ws.recv(timeout=TIMEOUT))
         assert first["type"] == "observation"
-        for bad in ("[1, 2]", "7", '"reset"', "null", b"\x00\x01", "  [", "{not json"):
+        deep = '{"type": "state", "x": ' + "[" * 3000 + "]" * 3000 + "}"  # (RecursionError)
+        for bad in ("[1, 2]", "7", '"reset"', "null", b"\x00\x01", "  [", "{not json", deep,
+                    '{"type": "state", "x": ' + "[" * 64 + "]" * 64 + "}"):
             ws.send(bad)
             got = json.loads(ws.recv(timeout=TIMEOUT))
             assert got["type"] == "error" and got["data"]["message"], (bad, got)
@@ -458,3 +460,39 @@ def test_malformed_websocket_frames_are_answered_and_the_session_goes_on(server)
         assert state["type"] == "state" and state["data"]["step_count"] == 0
         ws.send(json.dumps({"type": "step", "data": {"reply": "x"}}))
         assert json.loads(ws.recv(timeout=TIMEOUT))["type"] == "observation"
+
+
+def test_the_frame_filter_finds_its_route_under_a_root_path():
+    """``_ObjectFrames`` on an app served under a root path (``uvicorn --root-path``, a
+    mount): ``/p/ws`` is its ``/ws``, and another route's frames pass untouched."""
+    from libratio_jax.serve.app import MAX_FRAME_DEPTH, _ObjectFrames
+
+    frames = [{"type": "websocket.connect"}, {"type": "websocket.receive", "text": "[1]"},
+              {"type": "websocket.receive", "bytes": b"x"},
+              {"type": "websocket.receive", "text": '{"type": "state"}'},
+              {"type": "websocket.disconnect", "code": 1000}]
+
+    def run(path, root_path=""):
+        got, sent = [], []
+        pending = iter(frames)
+
+        async def receive():
+            return next(pending)
+
+        async def send(message):
+            sent.append(message)
+
+        async def app(scope, receive, send):
+            for _ in range(3):
+                got.append(await receive())
+
+        scope = {"type": "websocket", "path": path, "root_path": root_path}
+        asyncio.run(_ObjectFrames(app)(scope, receive, send))
+        return [m["type"] if m["type"] != "websocket.receive" else m.get("text", m.get("bytes"))
+                for m in got], len(sent)
+
+    filtered = (["websocket.connect", '{"type": "state"}', "websocket.disconnect"], 2)
+    assert run("/ws") == filtered
+    assert run("/p/ws", root_path="/p") == filtered
+    assert run("/mcp") == (["websocket.connect", "[1]", b"x"], 0)  # (another route's)
+    assert MAX_FRAME_DEPTH >= 8  # (room for any action)

@@ -1018,6 +1018,17 @@ def _run(batch_shape: tuple[int, ...], scenario, plan, layer_stability: bool = T
     return jax.tree.map(lambda x: x.reshape(batch_shape + x.shape[1:]), out)
 
 
+try:  # whether JAX is tracing (jit, scan, cond, make_jaxpr), arguments concrete or not
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # (a JAX without it: batch programs then keep XLA's compiler options)
+    _trace_state_clean = None
+
+
+def _tracing() -> bool:
+    """Whether this call runs inside a JAX trace (False where JAX cannot tell)."""
+    return _trace_state_clean is not None and not _trace_state_clean()
+
+
 @functools.cache
 def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
              scenario_layout: tuple | None, packed_plan: bool, layer_stability: bool = True,
@@ -1084,9 +1095,11 @@ def _program(batch_shape: tuple[int, ...], m: int, l: int, n_pools: int,
         return arrays
 
     if device is None:
-        # a batch's program on the CPU with this CPU's vector width (physics/cpu_options.py)
+        # a batch's program on the CPU with this CPU's vector width (physics/cpu_options.py;
+        # not a batch of one plan, where it was slower); only where evaluate can tell a trace
         options = (cpu_options.batch_compiler_options()
-                   if batch_shape and jax.default_backend() == "cpu" else None)
+                   if n > 1 and jax.default_backend() == "cpu" and _trace_state_clean is not None
+                   else None)
         program = jax.jit(run, compiler_options=options or None)
     else:  # (one sharding for every argument and output)
         on_device = jax.sharding.SingleDeviceSharding(device)
@@ -1304,9 +1317,11 @@ def evaluate(scenario: Scenario, plan: Plan, *, validate: bool = True,
     shape = np.shape(plan.precision)
     if len(shape) < 2:
         raise ValueError(f"plan.precision must be [..., M, L], got shape {shape}")
-    if isinstance(plan.precision, jax.core.Tracer) or isinstance(scenario.present,
-                                                                  jax.core.Tracer):
-        # Inside the caller's jit: the pure function (the caller's program compiles it).
+    if (isinstance(plan.precision, jax.core.Tracer)
+            or isinstance(scenario.present, jax.core.Tracer) or _tracing()):
+        # Inside the caller's jit (scan, cond...), its arguments traced or closed over: the
+        # pure function (the caller's program compiles it; a jit nested in a trace may not
+        # carry compiler options, which a batch's program has on some CPUs).
         return _run(tuple(shape[:-2]), scenario, plan, bool(layer_stability))
     layout, scenario_args = _scenario_args(scenario)
     n_pools = scenario.cluster.gpu_count.shape[-1]

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
 from typing import Any
@@ -161,21 +160,57 @@ class _QuietDisconnect:
             await self.app(scope, receive, send)
 
 
-class _ObjectFrames:
-    """ASGI middleware: a ``/ws`` frame that is not a JSON object in text is answered here
-    with an error frame (``INVALID_JSON``, as openenv-core answers text that is not JSON) and
-    not passed on, so the session and its episode go on. openenv-core 0.3's loop ends the
-    session on a binary frame (it reads text only) and on JSON that is not an object (it
-    calls ``.get`` on it). Text whose first non-blank character is ``{`` passes: an object,
-    or text that is not JSON, which openenv-core answers itself."""
+# The deepest JSON a /ws frame may nest (an action nests a few levels): deeper, Python's
+# json.loads, which openenv-core calls, nears its recursion limit and raises RecursionError.
+MAX_FRAME_DEPTH = 64
 
-    _OBJECT = re.compile(r"\s*\{")
+
+def _depth(value) -> int:
+    """The nesting depth of a parsed JSON value (1 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def _frame_problem(message: dict) -> str | None:
+    """Why a ``websocket.receive`` message cannot go to openenv-core's ``/ws`` loop, or None."""
+    text = message.get("text")
+    if text is None:
+        return "a binary frame"
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return "text that is not JSON"
+    if not isinstance(value, dict):
+        return "JSON that is not an object"
+    if _depth(value) > MAX_FRAME_DEPTH:
+        return f"JSON nested deeper than {MAX_FRAME_DEPTH} levels"
+    return None
+
+
+class _ObjectFrames:
+    """ASGI middleware: a ``/ws`` frame that is not a JSON object in text, within
+    ``MAX_FRAME_DEPTH`` levels, is answered here with an error frame (``INVALID_JSON``, the
+    code openenv-core gives text that is not JSON) and not passed on, so the session and its
+    episode go on. openenv-core 0.3's loop ends the session on a binary frame (it reads text
+    only), on JSON that is not an object (it calls ``.get`` on it) and on JSON nested deep
+    enough that ``json.loads`` raises ``RecursionError``. The frame is parsed once more for
+    it (a few microseconds for an action)."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "websocket" or scope.get("path") != "/ws":
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):  # (served under a root path: the route's own)
+            path = path[len(root):]
+        if scope["type"] != "websocket" or path != "/ws":
             return await self.app(scope, receive, send)
 
         async def objects_only():
@@ -183,13 +218,12 @@ class _ObjectFrames:
                 message = await receive()
                 if message["type"] != "websocket.receive":
                     return message
-                text = message.get("text")
-                if text is not None and self._OBJECT.match(text):
+                problem = _frame_problem(message)
+                if problem is None:
                     return message
-                what = "a binary frame" if text is None else "JSON that is not an object"
                 await send({"type": "websocket.send", "text": json.dumps({
                     "type": "error",
-                    "data": {"message": f"{what}: send one JSON object per text frame, "
+                    "data": {"message": f"{problem}: send one JSON object per text frame, "
                                         'e.g. {"type": "reset", "data": {}}',
                              "code": "INVALID_JSON"}})})
 
