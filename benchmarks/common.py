@@ -111,18 +111,10 @@ def results_folder(save_results: bool) -> str:
 
 
 def _cpuinfo() -> dict:
-    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
-    fields: dict = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not key.strip():
-                    break  # the first processor's block is enough
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
+    """The first processor's fields of ``/proc/cpuinfo`` (``physics.cpu_options.cpuinfo``)."""
+    from libratio_jax.physics.cpu_options import cpuinfo
+
+    return cpuinfo()
 
 
 def host() -> dict:

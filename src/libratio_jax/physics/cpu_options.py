@@ -35,8 +35,9 @@ WIDTHS = ("256", "512")
 
 
 @functools.cache
-def _cpuinfo() -> dict:
-    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
+def cpuinfo() -> dict:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none; read
+    once per process)."""
     fields: dict = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -63,7 +64,7 @@ def batch_compiler_options(*, cpu: Mapping[str, str] | None = None,
         if width not in WIDTHS:
             raise ValueError(f"{ENV_SWITCH} must be one of {', '.join(WIDTHS)}, got {width!r}")
         return {"xla_cpu_prefer_vector_width": width}
-    cpu = _cpuinfo() if cpu is None else cpu
+    cpu = cpuinfo() if cpu is None else cpu
     family = cpu.get("cpu family", "")
     if (cpu.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) >= 26
             and "avx512f" in cpu.get("flags", "").split()):
