@@ -44,7 +44,7 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import gpu_class_path, time_steady  # noqa: E402
-from evaluate_throughput import _tile  # noqa: E402
+from evaluate_throughput import MIN_SECONDS, _tile  # noqa: E402
 
 import libratio_jax as lj  # noqa: E402
 from libratio_jax.physics import gpu_kernels, native  # noqa: E402
@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     ap.add_argument("--xla-class-path", action="store_true",
                     help="no Pallas kernel: XLA's counts and per-entry roofline (see above)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--min-seconds", type=float, default=1.0)
+    ap.add_argument("--min-seconds", type=float, default=MIN_SECONDS)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="write the records (JSON) and the trace")
     args = ap.parse_args(argv)
